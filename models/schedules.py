@@ -1,0 +1,48 @@
+"""Learning-rate schedule of BERT pretraining: linear warmup, then linear (or polynomial) decay.
+
+    >>> from models.schedules import WarmupPolynomialDecay
+    >>> lr = WarmupPolynomialDecay(1e-3, warmup_steps=10, decay_steps=100)
+    >>> [round(float(lr(s)), 6) for s in (0, 5, 10, 55, 100, 200)]
+    [0.0, 0.0005, 0.001, 0.0005, 0.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="bert_pipeline")
+class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """`peak * step / warmup` for the first `warmup_steps`, then decays from `peak` to
+    `end_learning_rate` at `decay_steps` as `(1 - progress) ** power` (power 1 = linear)."""
+
+    def __init__(self, peak_learning_rate, warmup_steps, decay_steps,
+                 end_learning_rate=0.0, power=1.0, name="warmup_polynomial_decay"):
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.warmup_steps = int(warmup_steps)
+        self.decay_steps = int(decay_steps)
+        self.end_learning_rate = float(end_learning_rate)
+        self.power = float(power)
+        self.name = name
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        peak = self.peak_learning_rate
+        warmup = ops.maximum(float(self.warmup_steps), 1.0)
+        warm = peak * step / warmup
+        span = ops.maximum(float(self.decay_steps - self.warmup_steps), 1.0)
+        progress = ops.clip((step - float(self.warmup_steps)) / span, 0.0, 1.0)
+        decayed = (peak - self.end_learning_rate) * (1.0 - progress) ** self.power \
+            + self.end_learning_rate
+        return ops.where(step < float(self.warmup_steps), warm, decayed)
+
+    def get_config(self):
+        return {
+            "peak_learning_rate": self.peak_learning_rate,
+            "warmup_steps": self.warmup_steps,
+            "decay_steps": self.decay_steps,
+            "end_learning_rate": self.end_learning_rate,
+            "power": self.power,
+            "name": self.name,
+        }

@@ -1,0 +1,42 @@
+"""Stage `vocab`: the training corpus → a WordPiece `vocab.txt` (Beam job `beam_jobs.vocab`).
+
+Reads <run_dir>/corpus/train, writes <run_dir>/vocab/{vocab.txt, vocab.json}
+atomically; logs the vocab and its metadata to MLflow.
+"""
+
+from __future__ import annotations
+
+import mlflow
+
+from beam_jobs import vocab as vocab_job
+from pipeline import artifacts
+from pipeline.artifacts import Artifacts
+from pipeline.config import Config
+
+
+def run(config: Config, log=print) -> dict:
+    paths = Artifacts(config.run_dir)
+    artifacts.require(paths.corpus_manifest, "the prepared corpus", "corpus")
+    if not paths.corpus_files("train"):
+        raise artifacts.MissingArtifact(f"no training text in {paths.corpus_train_dir}; "
+                                        f"run `make corpus` again")
+    vc = config.vocab
+    with artifacts.atomic_dir(paths.vocab_dir) as tmp:
+        meta = vocab_job.run([
+            "--input", paths.corpus_glob("train"),
+            "--output", str(tmp / paths.vocab_file.name),
+            "--vocab_size", str(vc.size),
+            "--lowercase", str(vc.lowercase).lower(),
+            "--min_word_count", str(vc.min_word_count),
+            "--max_words", str(vc.max_words),
+            *config.data.beam_args,
+        ])
+        vocab_job.check_vocab(str(tmp / paths.vocab_file.name))
+    log(f"vocab: {meta['vocab_size']:,} tokens from {meta['distinct_words_used']:,} distinct words "
+        f"-> {paths.vocab_file}")
+    if mlflow.active_run():
+        mlflow.log_metrics({"vocab_size": meta["vocab_size"],
+                            "distinct_words_used": meta["distinct_words_used"]})
+        mlflow.log_artifact(str(paths.vocab_file), "vocab")
+        mlflow.log_artifact(str(paths.vocab_meta), "vocab")
+    return meta

@@ -1,0 +1,81 @@
+"""MLflow tracking: one parent run per pipeline invocation, one nested run per stage.
+
+The store is `tracking.tracking_uri` if set, else $MLFLOW_TRACKING_URI, else a
+SQLite file in the project (`mlflow.db`, artifacts under `mlartifacts/`), which
+`make ui` serves. Every stage run gets the whole config flattened as params,
+the config file as an artifact, and the stage's own metrics and artifacts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+
+import mlflow
+
+from pipeline import artifacts, config as config_lib
+
+
+def tracking_uri(config: config_lib.Config) -> str:
+    if config.tracking.tracking_uri:
+        return config.tracking.tracking_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{artifacts.MLFLOW_DB}"
+
+
+def _experiment_id(name: str, uri: str) -> str:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if uri.startswith("sqlite:") or uri.startswith("file:"):
+        location = artifacts.MLFLOW_ARTIFACTS.as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created concurrently
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=artifacts.PROJECT_ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@contextlib.contextmanager
+def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str = ""):
+    """The parent run of one invocation; stage runs started inside it are nested."""
+    uri = tracking_uri(config)
+    mlflow.set_tracking_uri(uri)
+    experiment_id = _experiment_id(config.tracking.experiment, uri)
+    tags = {
+        "pipeline.stages": " ".join(stages),
+        "pipeline.run_dir": str(artifacts.Artifacts(config.run_dir).root),
+        "pipeline.config_file": config_path,
+        "mlflow.source.git.commit": git_commit(),
+        "mlflow.note.content": f"Pipeline invocation running stages: {', '.join(stages)}.",
+    }
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline: {' → '.join(stages)}",
+                          tags=tags) as run:
+        mlflow.log_params(config_lib.to_flat_dict(config))
+        mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
+        yield run
+
+
+@contextlib.contextmanager
+def stage_run(name: str, config: config_lib.Config, description: str = ""):
+    """A nested run for one stage; its status is FAILED if the block raises."""
+    with mlflow.start_run(run_name=name, nested=True,
+                          tags={"pipeline.stage": name,
+                                "mlflow.note.content": description or f"Stage {name}."}) as run:
+        mlflow.log_params(config_lib.to_flat_dict(config))
+        mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
+        start = time.time()
+        yield run
+        mlflow.log_metric("stage_seconds", time.time() - start)

@@ -1,0 +1,58 @@
+import pytest
+
+from pipeline import config as config_lib
+from pipeline.config import ConfigError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_and_shipped_configs_load():
+    config = config_lib.load("configs/pretrain_tiny.yaml")
+    assert config.model.preset == "tiny"
+    assert config_lib.model_architecture(config)["hidden_dim"] == 128
+    for name in ("pretrain_base.yaml", "pretrain_large.yaml", "test_tiny.yaml"):
+        config_lib.load(f"configs/{name}")
+
+
+def test_overrides_are_typed_and_applied(tmp_path):
+    config = config_lib.load(write(tmp_path, "train:\n  steps: 1000\n"),
+                             ["train.steps=2000", "model.preset=mini", "vocab.lowercase=false"])
+    assert config.train.steps == 2000 and config.model.preset == "mini"
+    assert config.vocab.lowercase is False
+    flat = config_lib.to_flat_dict(config)
+    assert flat["train.steps"] == 2000 and "data.beam_args" in flat
+
+
+@pytest.mark.parametrize("text, words", [
+    ("model:\n  num_heads: 5\n", ["model.num_heads", "5", "divisible"]),
+    ("data:\n  max_seq_length: 1024\n", ["data.max_seq_length", "1024", "position table"]),
+    ("train:\n  strategy: gpu\n", ["train.strategy", "'gpu'", "mirrored"]),
+    ("train:\n  steps: many\n", ["train.steps", "'many'", "integer"]),
+    ("train:\n  stepz: 3\n", ["stepz", "allowed keys", "steps"]),
+    ("data:\n  masked_lm_prob: 1.5\n", ["data.masked_lm_prob", "1.5", "<= 1.0"]),
+    ("corpus:\n  source: files\n", ["corpus.path", "files"]),
+])
+def test_bad_values_name_key_value_and_allowed(tmp_path, text, words):
+    with pytest.raises(ConfigError) as info:
+        config_lib.load(write(tmp_path, text))
+    message = str(info.value)
+    assert str(tmp_path / "c.yaml") in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config_lib.load(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        config_lib.load(None, ["train.steps"])
+
+
+def test_dump_round_trips(tmp_path):
+    config = config_lib.load(None, ["train.steps=700"])
+    path = write(tmp_path, config_lib.dump_yaml(config))
+    assert config_lib.load(path) == config
