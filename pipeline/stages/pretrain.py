@@ -74,12 +74,9 @@ def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
 
 
 def compile_model(model, optimizer):
-    model.compile(
-        optimizer=optimizer,
-        loss={"mlm": models.mlm_loss(), "nsp": models.nsp_loss()},
-        weighted_metrics={"mlm": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                          "nsp": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]},
-    )
+    """MLM (weighted mean over real predictions) + NSP losses, weighted accuracies."""
+    model.compile(optimizer=optimizer, loss=models.pretraining.pretraining_losses(),
+                  weighted_metrics=models.pretraining.pretraining_metrics())
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:

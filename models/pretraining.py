@@ -1,0 +1,253 @@
+"""BERT pretraining model: masked-LM head tied to the token embedding + next-sentence head.
+
+`BertPretrainer` is a `keras_hub.models.Task` (like `keras_hub.models.BertMaskedLM`)
+wrapping a `models.bert.BertEncoder`:
+
+    inputs  {"token_ids", "segment_ids", "padding_mask"}: (batch, seq) int
+            {"mask_positions"}:                           (batch, num_masked) int
+    outputs {"mlm": (batch, num_masked, vocabulary_size) logits,
+             "nsp": (batch, 2) logits}
+
+The MLM head is keras-hub's `MaskedLMHead` (dense + activation + LayerNorm, then
+the transposed token embedding, plus its own output bias), with the encoder's
+activation and LayerNorm epsilon, as in Google's `get_masked_lm_output`. The NSP
+head is `Dense(2)` on the pooled [CLS] output. It is also usable for SOP labels.
+
+## What `model.fit` expects (Keras 3.15)
+
+`fit` takes batches `(x, y, sample_weight)`, each a dict; the `y` and
+`sample_weight` dicts are keyed by output name, and `sample_weight` must hold
+BOTH keys (Keras resolves each output's weight by its path, so a dict that
+lacks "nsp" raises a KeyError; `None` cannot travel through tf.data):
+
+    x = {
+        "token_ids":      int32/int64 (batch, seq)          # input_ids
+        "segment_ids":    int32/int64 (batch, seq)          # segment_ids
+        "padding_mask":   int32/int64 (batch, seq)          # input_mask
+        "mask_positions": int32/int64 (batch, num_masked)   # masked_lm_positions
+    }
+    y = {
+        "mlm": int32/int64 (batch, num_masked)              # masked_lm_ids
+        "nsp": int32/int64 (batch, 1)                       # next_sentence_labels
+    }
+    sample_weight = {
+        "mlm": float32 (batch, num_masked)                  # masked_lm_weights
+        "nsp": float32 (batch, 1)                           # ones_like(next_sentence_labels)
+    }
+
+(int64 straight from `tf.io.parse_example` is accepted; the functional inputs are
+int32 and Keras casts. "nsp" labels/weights of shape (batch,) work too.)
+
+The MLM loss uses the reduction `"mean_with_sample_weight"`:
+sum(loss × weight) / sum(weight), i.e. the mean over real predictions only,
+as in Google's and Model Garden's pretraining code. Under a `tf.distribute`
+strategy each replica divides by its own sum of weights and Keras averages the
+replicas, which equals the global weighted mean when replicas hold the same
+number of real predictions (close enough otherwise). Compile with
+`weighted_metrics` (not `metrics`) so padded prediction slots do not count.
+
+Mixed precision: pass `dtype="mixed_bfloat16"` / `"mixed_float16"` to the
+encoder (`build_pretrainer(..., dtype="mixed_bfloat16")`). The encoder and the
+tied vocabulary projection compute in 16 bits; the two heads' own small layers
+compute in the variable dtype (float32), so both logits come out float32.
+(keras-hub 0.32's `BertMaskedLM` fails under "mixed_bfloat16" on TensorFlow:
+its `MaskedLMHead` adds a float32 bias to bfloat16 logits.)
+
+Example:
+```python
+import numpy as np
+from models.pretraining import build_pretrainer
+
+model = build_pretrainer(vocabulary_size=1000, preset="tiny", max_sequence_length=64)
+batch, seq, num_masked = 4, 16, 3
+x = {
+    "token_ids": np.random.randint(0, 1000, (batch, seq)),
+    "segment_ids": np.zeros((batch, seq), "int32"),
+    "padding_mask": np.ones((batch, seq), "int32"),
+    "mask_positions": np.random.randint(1, seq, (batch, num_masked)),
+}
+y = {"mlm": np.random.randint(0, 1000, (batch, num_masked)),
+     "nsp": np.random.randint(0, 2, (batch, 1))}
+sample_weight = {"mlm": np.ones((batch, num_masked), "float32"),
+                 "nsp": np.ones((batch, 1), "float32")}
+model.fit(x, y, sample_weight=sample_weight, epochs=1)   # compiled by default
+model.save("pretrainer.keras")
+```
+"""
+
+from __future__ import annotations
+
+import keras
+import keras_hub
+
+from models.bert import SERIALIZATION_PACKAGE, BertEncoder, bert_kernel_initializer, get_activation
+
+MLM_OUTPUT = "mlm"
+NSP_OUTPUT = "nsp"
+
+
+def mlm_loss() -> keras.losses.Loss:
+    """Masked-LM loss: sparse CE from logits, sum(loss × weight) / sum(weight)."""
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight", name="mlm_loss"
+    )
+
+
+def nsp_loss() -> keras.losses.Loss:
+    """Next-sentence (or sentence-order) loss: sparse CE from logits, weighted mean."""
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight", name="nsp_loss"
+    )
+
+
+def pretraining_losses() -> dict:
+    """`{"mlm": mlm_loss(), "nsp": nsp_loss()}` for `compile(loss=...)`."""
+    return {MLM_OUTPUT: mlm_loss(), NSP_OUTPUT: nsp_loss()}
+
+
+def pretraining_metrics() -> dict:
+    """Accuracy per head, for `compile(weighted_metrics=...)`."""
+    return {
+        MLM_OUTPUT: [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        NSP_OUTPUT: [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    }
+
+
+@keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
+class BertPretrainer(keras_hub.models.Task):
+    """BERT with the masked-LM and next-sentence-prediction heads.
+
+    Args:
+        backbone: a `models.bert.BertEncoder`.
+        preprocessor: must be `None` (inputs arrive already tokenized and
+            masked from the TFRecords); kept for the `Task` config contract.
+        compile: bool. If True (default), compile with `pretraining_losses()`,
+            `pretraining_metrics()` and Adam(1e-4); recompile to change them.
+
+    Example:
+    ```python
+    import numpy as np
+    from models.bert import BertEncoder
+    from models.pretraining import BertPretrainer
+
+    encoder = BertEncoder.from_preset_name("tiny", vocabulary_size=1000)
+    model = BertPretrainer(encoder)
+    outputs = model({
+        "token_ids": np.ones((2, 16), "int32"),
+        "segment_ids": np.zeros((2, 16), "int32"),
+        "padding_mask": np.ones((2, 16), "int32"),
+        "mask_positions": np.array([[1, 2, 3]] * 2),
+    })
+    outputs["mlm"].shape, outputs["nsp"].shape  # (2, 3, 1000), (2, 2)
+    ```
+    """
+
+    backbone_cls = BertEncoder
+    preprocessor_cls = None
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        if preprocessor is not None:
+            raise ValueError("BertPretrainer takes no preprocessor; pass preprocessed inputs.")
+
+        # The heads compute in the variable dtype (float32 under "mixed_*"
+        # policies): the logits come out float32 and keras-hub's MaskedLMHead,
+        # which adds its float32 bias to compute-dtype logits, does not fail on
+        # TensorFlow. The vocabulary projection still runs in the token
+        # embedding's compute dtype (the embedding layer casts its input).
+        head_dtype = keras.DTypePolicy(backbone.dtype_policy.variable_dtype)
+
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        self.mlm_head = keras_hub.layers.MaskedLMHead(
+            vocabulary_size=backbone.vocabulary_size,
+            token_embedding=backbone.token_embedding,  # decoder tied to the input embedding
+            intermediate_activation=get_activation(backbone.activation),
+            layer_norm_epsilon=backbone.layer_norm_epsilon,
+            kernel_initializer=bert_kernel_initializer(),
+            dtype=head_dtype,
+            name="mlm_head",
+        )
+        self.nsp_head = keras.layers.Dense(
+            2,
+            kernel_initializer=bert_kernel_initializer(),
+            dtype=head_dtype,
+            name="nsp_head",
+        )
+
+        # === Functional Model ===
+        inputs = {
+            **backbone.input,
+            "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions"),
+        }
+        backbone_outputs = backbone(backbone.input)
+        mlm_logits = self.mlm_head(  # (batch, num_masked, vocabulary_size)
+            backbone_outputs["sequence_output"], inputs["mask_positions"]
+        )
+        nsp_logits = self.nsp_head(backbone_outputs["pooled_output"])  # (batch, 2)
+        super().__init__(
+            inputs=inputs,
+            outputs={MLM_OUTPUT: mlm_logits, NSP_OUTPUT: nsp_logits},
+            **kwargs,
+        )
+
+        # === Config ===
+        # Everything is in the backbone's config; `Task.get_config` serialises
+        # {"backbone", "preprocessor", "name"} and `Task.from_config` rebuilds it.
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        *,
+        weighted_metrics="auto",
+        **kwargs,
+    ):
+        """`keras.Model.compile` with pretraining defaults for "auto" arguments.
+
+        "auto" gives Adam(1e-4), `pretraining_losses()` and
+        `pretraining_metrics()` (weighted, so padded prediction slots are ignored).
+        """
+        if optimizer == "auto":
+            optimizer = keras.optimizers.Adam(1e-4)
+        if loss == "auto":
+            loss = pretraining_losses()
+        if weighted_metrics == "auto":
+            weighted_metrics = pretraining_metrics()
+        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+
+    # keras-hub 0.32's PipelineModel.train_on_batch / test_on_batch pass `y` and
+    # `sample_weight` through one flat `convert_to_tensor`, which fails for the
+    # dicts this model trains on. There is no preprocessor, so Keras' own methods
+    # are equivalent.
+    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        return keras.Model.train_on_batch(self, x, y, sample_weight, **kwargs)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        return keras.Model.test_on_batch(self, x, y, sample_weight, **kwargs)
+
+    def compile_from_config(self, config):
+        """Recompiles from a saved `.keras` file (optimizer, losses, metrics).
+
+        Keras skips this for models that override `compile()`, which would drop
+        the optimizer state on `load_model`; rebuilding the optimizer here lets
+        its saved variables (step count, Adam moments) load, so training resumes.
+        """
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+
+def build_pretrainer(vocabulary_size: int, preset: str = "tiny", **overrides) -> BertPretrainer:
+    """`BertPretrainer` over `BertEncoder.from_preset_name(preset, vocabulary_size, **overrides)`.
+
+    `overrides` go to the encoder (sizes, `dropout`, `max_sequence_length`,
+    `activation`, `layer_norm_epsilon`, `dtype`). Call it inside
+    `strategy.scope()` to place the variables for a distribution strategy.
+
+    >>> build_pretrainer(100, "tiny", max_sequence_length=32).backbone.hidden_dim
+    128
+    """
+    encoder = BertEncoder.from_preset_name(preset, vocabulary_size, **overrides)
+    return BertPretrainer(encoder)
