@@ -69,7 +69,10 @@ def serialize(instance: dict, max_seq_length: int, max_predictions_per_seq: int)
             feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
         else:
             feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    # Features are a protobuf map whose wire order otherwise depends on the process's hash
+    # seed: deterministic encoding makes equal instances equal records on every worker.
+    return example.SerializeToString(deterministic=True)
 
 
 def parse_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:

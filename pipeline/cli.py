@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                         help=f"one or more of: {', '.join(STAGES)}, all; then key=value overrides")
     parser.add_argument("--config", default="configs/pretrain_tiny.yaml", help="YAML config file")
     parser.add_argument("--force", action="store_true", help="re-run stages even if up to date")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     overrides = [s for s in args.stages if "=" in s]
     names = [s for s in args.stages if "=" not in s]
     stages = list(STAGES) if "all" in names else names

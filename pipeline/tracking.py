@@ -61,6 +61,7 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
         "mlflow.source.git.commit": git_commit(),
         "mlflow.note.content": f"Pipeline invocation running stages: {', '.join(stages)}.",
     }
+    mlflow.set_experiment(experiment_id=experiment_id)  # the stage runs nest in the same one
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline: {' → '.join(stages)}",
                           tags=tags) as run:
         mlflow.log_params(config_lib.to_flat_dict(config))

@@ -246,6 +246,7 @@ def run(config: Config, log=print) -> dict:
             epochs=math.ceil(tc.steps / chunk),
             callbacks=[logger, StopAt(tc.steps),
                        Checkpointer(paths.checkpoint_dir, tc.keep_checkpoints, config_yaml, chief)],
+            shuffle=False,  # tf.data shuffles
             verbose=0,
         )
     else:

@@ -1,0 +1,156 @@
+"""End to end: a corpus written by the test → corpus → vocab → Beam → a few training steps →
+checkpoint → resume → held-out eval → export, tracked in a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import mlflow
+import numpy as np
+import pytest
+
+from pipeline import artifacts, cli
+
+PROJECT = artifacts.PROJECT_ROOT
+
+
+def overrides(tmp_path, corpus_dir):
+    return [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            "tracking.experiment=e2e"]
+
+
+def runs_of(tmp_path):
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    return client, client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
+
+
+def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
+    args = overrides(tmp_path, corpus_dir)
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args]) == 0
+    out = capsys.readouterr().out
+    assert "held-out MLM accuracy" in out and "MLflow store" in out
+    paths = artifacts.Artifacts(tmp_path / "run")
+    for path in (paths.vocab_file, paths.data_stats, paths.model_keras, paths.saved_model,
+                 paths.pretrain_eval, paths.pretrain_config):
+        assert path.exists(), path
+    assert len(paths.shards("train")) == 2 and len(paths.shards("eval")) == 1
+    assert sorted(p.name for p in paths.checkpoint_dir.glob("ckpt-*")) == [
+        "ckpt-00000003.weights.h5", "ckpt-00000006.weights.h5"]
+    first_eval = json.loads(paths.pretrain_eval.read_text())
+    assert first_eval["step"] == 6
+    assert 0.0 <= first_eval["eval_mlm_accuracy"] <= 1.0
+
+    client, runs = runs_of(tmp_path)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1
+    assert sorted(r.data.tags["pipeline.stage"] for r in children) == [
+        "corpus", "data", "pretrain", "vocab"]
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    pretrain_run = next(r for r in children if r.data.tags["pipeline.stage"] == "pretrain")
+    assert pretrain_run.data.params["train.steps"] == "6"
+    history = client.get_metric_history(pretrain_run.info.run_id, "loss")
+    assert [m.step for m in history] == [2, 4, 6]
+    for key in ("learning_rate", "tokens_per_second", "mlm_accuracy", "nsp_accuracy",
+                "eval_mlm_accuracy", "eval_nsp_accuracy"):
+        assert key in pretrain_run.data.metrics, key
+    artifacts_logged = {a.path for a in client.list_artifacts(pretrain_run.info.run_id, "model")}
+    assert "model/model.keras" in artifacts_logged
+
+    # Re-run with more steps: the upstream stages are reused, training resumes at step 6.
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=9"]) == 0
+    out = capsys.readouterr().out
+    assert "corpus: up to date" in out and "data: up to date" in out
+    assert "resuming from ckpt-00000006.weights.h5 (step 6)" in out
+    assert json.loads(paths.pretrain_eval.read_text())["step"] == 9
+    _, runs = runs_of(tmp_path)
+    latest_parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags][-1]
+    assert latest_parent.data.tags["stage.vocab"] == "reused"
+    assert latest_parent.data.tags["stage.pretrain"] == "ran"
+
+
+def test_exported_models_reload_with_same_outputs(tmp_path, corpus_dir):
+    import keras
+    import tensorflow as tf
+
+    import models  # noqa: F401  (registers the custom classes for loading)
+    from pipeline import inputs
+
+    args = overrides(tmp_path, corpus_dir)
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=3"]) == 0
+    paths = artifacts.Artifacts(tmp_path / "run")
+    x, _, _ = next(iter(inputs.pretraining_dataset(paths.shard_pattern("eval"), 4, 32, 5,
+                                                   training=False)))
+    reloaded = keras.saving.load_model(str(paths.model_keras))
+    expected = reloaded(x, training=False)
+    saved = tf.saved_model.load(str(paths.saved_model))
+    served = saved.serve(x)
+    for name in ("mlm", "nsp"):
+        np.testing.assert_allclose(np.asarray(served[name]), np.asarray(expected[name]),
+                                   atol=1e-5)
+    # And the reloaded model is the trained one (its weights equal the last checkpoint's).
+    from pipeline.stages import pretrain
+    from pipeline import config as config_lib
+
+    config = config_lib.load("configs/test_tiny.yaml", args)
+    vocabulary_size = len(paths.vocab_file.read_text().splitlines())
+    fresh = pretrain.build_model(config, vocabulary_size)
+    fresh.compile(optimizer=pretrain.build_optimizer(config.train))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.load_weights(str(paths.checkpoint_dir / "ckpt-00000003.weights.h5"))
+    np.testing.assert_allclose(np.asarray(fresh(x, training=False)["mlm"]),
+                               np.asarray(expected["mlm"]), atol=1e-5)
+
+
+def run_cli(*args, cwd=PROJECT):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_missing_previous_stage_exits_2_with_message(tmp_path, corpus_dir):
+    result = run_cli("data", "--config", "configs/test_tiny.yaml", *overrides(tmp_path, corpus_dir))
+    assert result.returncode == 2, result.stderr
+    assert "the prepared corpus not found" in result.stderr and "make corpus" in result.stderr
+    assert not (tmp_path / "run" / "data").exists()
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path, corpus_dir):
+    result = run_cli("all", "--config", "configs/test_tiny.yaml", *overrides(tmp_path, corpus_dir),
+                     "model.num_heads=3")
+    assert result.returncode == 2
+    assert "model.num_heads = 3" in result.stderr and "divisible" in result.stderr
+    result = run_cli("all", "--config", "configs/test_tiny.yaml", *overrides(tmp_path, corpus_dir),
+                     "data.max_seq_length=128")
+    assert result.returncode == 2
+    assert "data.max_seq_length = 128" in result.stderr and "position table" in result.stderr
+    assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "corpus").exists()
+
+
+def test_vocab_without_mask_stops_data_stage(tmp_path, corpus_dir):
+    args = overrides(tmp_path, corpus_dir)
+    assert cli.main(["corpus", "vocab", "--config", "configs/test_tiny.yaml", *args]) == 0
+    paths = artifacts.Artifacts(tmp_path / "run")
+    tokens = [t for t in paths.vocab_file.read_text().splitlines() if t != "[MASK]"]
+    paths.vocab_file.write_text("\n".join(tokens) + "\n")
+    assert cli.main(["data", "--config", "configs/test_tiny.yaml", *args]) == 2
+    assert not paths.data_dir.exists()
+
+
+@pytest.mark.slow
+def test_demo_config_pipeline_on_brown_runs_briefly(tmp_path):
+    """The shipped default config on the real demo corpus, shortened: every stage runs."""
+    if not artifacts.BROWN_TARBALL.exists():
+        pytest.fail(f"{artifacts.BROWN_TARBALL} missing: run `make setup` first")
+    args = [f"run_dir={tmp_path / 'run'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}",
+            "train.steps=40", "train.warmup_steps=10", "train.checkpoint_every=20",
+            "train.log_every=20", "train.eval_batches=5", "data.dupe_factor=1"]
+    assert cli.main(["all", "--config", "configs/pretrain_tiny.yaml", *args]) == 0
+    stats = json.loads(artifacts.Artifacts(tmp_path / "run").data_stats.read_text())
+    assert stats["train"]["documents"] > 400 and stats["train"]["instances"] > 10_000
+    assert 0.4 < stats["train"]["nsp_random_fraction"] < 0.6
