@@ -19,6 +19,7 @@ import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 
 import keras
@@ -254,7 +255,10 @@ def run(config: Config, log=print) -> dict:
             f"evaluating and exporting")
 
     # Held-out evaluation.
-    results = model.evaluate(eval_data, steps=tc.eval_batches or None, return_dict=True, verbose=0)
+    with warnings.catch_warnings():  # a finite held-out set ends with an "out of data" warning
+        warnings.filterwarnings("ignore", message=".*ran out of data")
+        results = model.evaluate(eval_data, steps=tc.eval_batches or None, return_dict=True,
+                                 verbose=0)
     results = {f"eval_{k}": float(v) for k, v in results.items()}
     results["step"] = global_step(model)
     log(f"pretrain: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "

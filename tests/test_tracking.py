@@ -1,0 +1,85 @@
+"""MLflow: the pipeline's runs are visible through a real MLflow server's REST API (what
+`make ui` serves), and MLFLOW_TRACKING_URI points the pipeline at such a server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from pipeline import config as config_lib, tracking
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """`mlflow server` on 127.0.0.1 over a SQLite store, as `make ui` runs it."""
+    port = free_port()
+    store = f"sqlite:///{tmp_path / 'server.db'}"
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--backend-store-uri", store, "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1",
+         "--artifacts-destination", str(tmp_path / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("mlflow server did not start")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    config = config_lib.load(None, ["tracking.experiment=rest-check", "train.steps=300"])
+    assert tracking.tracking_uri(config) == mlflow_server
+    with tracking.pipeline_run(config, ["vocab", "data"]) as parent:
+        for stage in ("vocab", "data"):
+            with tracking.stage_run(stage, config):
+                mlflow.log_metric("probe", 1.0)
+
+    request = urllib.request.Request(
+        f"{mlflow_server}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rest-check")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        experiment_id = json.load(response)["experiment"]["experiment_id"]
+    body = json.dumps({"experiment_ids": [experiment_id]}).encode()
+    request = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/runs/search", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        runs = json.load(response)["runs"]
+    tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
+    children = [t for t in tags if t.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(t["pipeline.stage"] for t in children) == ["data", "vocab"]
+    params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
+    assert params["train.steps"] == "300" and params["model.preset"] == "tiny"
+
+
+def test_default_store_is_sqlite_in_the_project(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = tracking.tracking_uri(config_lib.load(None))
+    assert uri.startswith("sqlite:////") and uri.endswith("/mlflow.db")
