@@ -53,7 +53,7 @@ ui: $(STAMP)
 		--default-artifact-root $(CURDIR)/mlartifacts --host $(HOST) --port $(PORT)
 
 # ---- tests ----
-test: $(STAMP)
+test: setup
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
