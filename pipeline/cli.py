@@ -63,7 +63,22 @@ def _is_current(stage: str, config, paths) -> bool:
         return False
 
 
+# Commands that are not pipeline stages: name -> "module:function" taking argv, returning an exit code.
+TOOLS = {
+    "fill-mask": "pipeline.inspect:main",
+    "nsp": "pipeline.inspect:main",
+    "attention": "pipeline.inspect:main",
+    "embed": "pipeline.inspect:main",
+}
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:
+        import importlib
+
+        module, function = TOOLS[argv[0]].split(":")
+        return getattr(importlib.import_module(module), function)(argv)
     parser = argparse.ArgumentParser(
         prog="python -m pipeline", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
