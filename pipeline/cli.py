@@ -3,13 +3,16 @@
 Stages, in order: corpus → vocab → data → pretrain; `all` runs the four.
 Each invocation is one MLflow parent run with a nested run per stage.
 
-A stage whose inputs and settings are unchanged since it last completed is
-reused (recorded on the parent run as `stage.<name> = reused`); `--force`
-runs it again. Pretraining always runs: it resumes from its latest checkpoint
-and finishes at once when `train.steps` is already reached.
+A stage whose inputs, settings and code are unchanged since it last completed
+is reused (recorded on the parent run as `stage.<name> = reused`, with the run
+that produced it); `--force` runs it again. See pipeline/lineage.py. Training
+that was interrupted resumes from its latest checkpoint.
 
-Exit codes: 0 success; 2 bad input (config, corpus, missing artifact), with a
-message naming the file or key and how to fix it; 1 anything unexpected.
+Exit codes: 0 success; 1 anything unexpected (traceback in the log file);
+2 bad input (config, corpus, missing artifact), with a message naming the file
+or key and how to fix it; 3 nothing to do (with --scheduled: every stage was up
+to date); 4 already running (another invocation holds the run directory's lock).
+Every invocation also writes its log to <run_dir>/logs/.
 """
 
 from __future__ import annotations
@@ -25,42 +28,12 @@ from pathlib import Path
 
 STAGES = ("corpus", "vocab", "data", "pretrain")
 
-
-def _stage_key(stage: str, config, paths) -> str:
-    """A fingerprint of what a stage's output depends on (settings + upstream fingerprints)."""
-    from pipeline import config as config_lib
-
-    d = config_lib.to_dict(config)
-    parts = {"stage": stage}
-    if stage == "corpus":
-        parts["corpus"] = d["corpus"]
-        if config.corpus.source == "files":
-            from pipeline.stages.corpus import expand_globs
-
-            parts["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns)
-                              for p in expand_globs(config.corpus.path)]
-    elif stage == "vocab":
-        parts["upstream"] = _stage_key("corpus", config, paths)
-        parts["vocab"] = d["vocab"]
-    elif stage == "data":
-        parts["upstream"] = _stage_key("vocab", config, paths)
-        parts["data"] = {k: v for k, v in d["data"].items() if k != "beam_args"}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _marker(stage: str, paths) -> Path:
-    folder = {"corpus": paths.corpus_dir, "vocab": paths.vocab_dir, "data": paths.data_dir}[stage]
-    return folder / ".stage.json"
-
-
-def _is_current(stage: str, config, paths) -> bool:
-    marker = _marker(stage, paths)
-    if not marker.exists():
-        return False
-    try:
-        return json.loads(marker.read_text()).get("key") == _stage_key(stage, config, paths)
-    except (json.JSONDecodeError, OSError):
-        return False
+# Exit codes (stable: schedulers act on them).
+EXIT_OK = 0               # the stages ran (or, without --scheduled, were up to date)
+EXIT_FAILED = 1           # an unexpected error; the log file has the traceback
+EXIT_BAD_INPUT = 2        # bad config, corpus or missing artifact; the message says how to fix it
+EXIT_NOTHING_TO_DO = 3    # --scheduled only: every stage was up to date
+EXIT_ALREADY_RUNNING = 4  # another invocation holds this run directory's lock
 
 
 # Commands that are not pipeline stages: name -> "module:function" taking argv, returning an exit code.
@@ -86,6 +59,9 @@ def main(argv=None) -> int:
                         help=f"one or more of: {', '.join(STAGES)}, all; then key=value overrides")
     parser.add_argument("--config", default="configs/pretrain_tiny.yaml", help="YAML config file")
     parser.add_argument("--force", action="store_true", help="re-run stages even if up to date")
+    parser.add_argument("--scheduled", action="store_true",
+                        help=f"for schedulers: exit {EXIT_NOTHING_TO_DO} when every stage was "
+                             f"up to date")
     args = parser.parse_intermixed_args(argv)
     overrides = [s for s in args.stages if "=" in s]
     names = [s for s in args.stages if "=" not in s]
@@ -112,13 +88,13 @@ def main(argv=None) -> int:
         with open(log_file, "a", encoding="utf-8") as handle:
             handle.write(f"{datetime.datetime.now():%H:%M:%S} {message}\n")
 
-    return _run(config, args.config, stages, args.force, paths, log)
+    return _run(config, args.config, stages, args.force, paths, log, scheduled=args.scheduled)
 
 
-def _run(config, config_path, stages, force, paths, log) -> int:
+def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int:
     import mlflow
 
-    from pipeline import tracking
+    from pipeline import lineage, tracking
     from pipeline.stages import corpus, data, pretrain, vocab
 
     modules = {"corpus": corpus, "vocab": vocab, "data": data, "pretrain": pretrain}
@@ -128,35 +104,87 @@ def _run(config, config_path, stages, force, paths, log) -> int:
         "data": "Beam job: documents → NSP pairs → masked instances → TFRecords.",
         "pretrain": "Pretrained BERT (MLM + NSP), evaluated on held-out data, exported.",
     }
-    results = {}
+    results, ran = {}, []
     try:
-        with tracking.pipeline_run(config, stages, str(config_path)) as parent:
+        with RunLock(paths.root), tracking.pipeline_run(config, stages, str(config_path)) as parent:
             log(f"MLflow run {parent.info.run_id} ({tracking.tracking_uri(config)})")
             for stage in stages:
-                if stage != "pretrain" and not force and _is_current(stage, config, paths):
-                    log(f"{stage}: up to date, reused ({_marker(stage, paths).parent})")
-                    mlflow.set_tag(f"stage.{stage}", "reused")
+                fp = lineage.fingerprint(stage, config, paths)
+                marker = None if force else lineage.is_current(stage, paths, fp)
+                if marker:
+                    log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
+                        f"made by MLflow run {marker.get('mlflow_run_id')})")
+                    mlflow.set_tags({f"stage.{stage}": "reused",
+                                     f"stage.{stage}.run_id": marker.get("mlflow_run_id", ""),
+                                     f"stage.{stage}.link": tracking.run_link(
+                                         marker.get("mlflow_run_id", ""))})
                     continue
-                with tracking.stage_run(stage, config, descriptions[stage]):
+                with tracking.stage_run(stage, config, descriptions[stage],
+                                        tags=lineage.tags(stage, fp)) as run:
                     results[stage] = modules[stage].run(config, log=log)
-                if stage != "pretrain":
-                    artifacts_marker = _marker(stage, paths)
-                    from pipeline import artifacts
-
-                    artifacts.write_text_atomic(artifacts_marker, json.dumps(
-                        {"key": _stage_key(stage, config, paths),
-                         "mlflow_run_id": mlflow.last_active_run().info.run_id}))
-                mlflow.set_tag(f"stage.{stage}", "ran")
+                    # Inputs are hashed again after the run: the stage may have created them.
+                    fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
+                    mlflow.set_tags(lineage.tags(stage, fp))
+                lineage.write_marker(stage, paths, fp, run.info.run_id)
+                mlflow.set_tags({f"stage.{stage}": "ran", f"stage.{stage}.run_id": run.info.run_id})
+                ran.append(stage)
+    except AlreadyRunning as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_ALREADY_RUNNING
     except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
         if _is_user_error(err):
             print(f"error: {err}", file=sys.stderr)
             log(f"error: {err}\n{traceback.format_exc()}")
-            return 2
+            return EXIT_BAD_INPUT
         traceback.print_exc()
-        log(f"failed: {err!r}")
-        return 1
+        log(f"failed: {err!r}\n{traceback.format_exc()}")
+        return EXIT_FAILED
     _summary(config, paths, results, log)
-    return 0
+    if scheduled and not ran:
+        log("nothing to do: every stage is up to date")
+        return EXIT_NOTHING_TO_DO
+    return EXIT_OK
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+class RunLock:
+    """An exclusive lock on a run directory (flock: released by the OS if the process dies)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".pipeline.lock"
+        self.handle = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a+")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.seek(0)
+            holder = self.handle.read().strip() or "another process"
+            self.handle.close()
+            raise AlreadyRunning(
+                f"the pipeline is already running on {self.path.parent} ({holder}); this "
+                f"invocation stops without touching it (exit code {EXIT_ALREADY_RUNNING})") from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(f"pid {os.getpid()} since {datetime.datetime.now():%Y-%m-%d %H:%M:%S}")
+        self.handle.flush()
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        self.handle.seek(0)
+        self.handle.truncate()
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+        return False
 
 
 def _is_user_error(err: Exception) -> bool:

@@ -9,6 +9,7 @@ the config file as an artifact, and the stage's own metrics and artifacts.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import time
@@ -59,6 +60,7 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
         "pipeline.run_dir": str(artifacts.Artifacts(config.run_dir).root),
         "pipeline.config_file": config_path,
         "mlflow.source.git.commit": git_commit(),
+        "lineage.config_hash": hashlib.sha256(config_lib.dump_yaml(config).encode()).hexdigest(),
         "mlflow.note.content": f"Pipeline invocation running stages: {', '.join(stages)}.",
     }
     mlflow.set_experiment(experiment_id=experiment_id)  # the stage runs nest in the same one
@@ -69,12 +71,25 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
         yield run
 
 
+def run_link(run_id: str) -> str:
+    """The MLflow UI's address of a run, relative to the UI root (paste after the host)."""
+    if not run_id:
+        return ""
+    try:
+        experiment_id = mlflow.get_run(run_id).info.experiment_id
+    except mlflow.exceptions.MlflowException:
+        return ""
+    return f"#/experiments/{experiment_id}/runs/{run_id}"
+
+
 @contextlib.contextmanager
-def stage_run(name: str, config: config_lib.Config, description: str = ""):
+def stage_run(name: str, config: config_lib.Config, description: str = "", tags: dict | None = None):
     """A nested run for one stage; its status is FAILED if the block raises."""
     with mlflow.start_run(run_name=name, nested=True,
                           tags={"pipeline.stage": name,
-                                "mlflow.note.content": description or f"Stage {name}."}) as run:
+                                "mlflow.source.git.commit": git_commit(),
+                                "mlflow.note.content": description or f"Stage {name}.",
+                                **(tags or {})}) as run:
         mlflow.log_params(config_lib.to_flat_dict(config))
         mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
         start = time.time()
