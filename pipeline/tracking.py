@@ -95,3 +95,49 @@ def stage_run(name: str, config: config_lib.Config, description: str = "", tags:
         start = time.time()
         yield run
         mlflow.log_metric("stage_seconds", time.time() - start)
+
+
+# ---------------------------------------------------------------------------
+# Model registry: a version per run; the "champion" alias moves only to a better model.
+# ---------------------------------------------------------------------------
+CHAMPION = "champion"
+
+
+def promote_if_better(model_name: str, version: str, metric: str, value: float,
+                      test_split: str, higher_is_better: bool = True, log=print) -> bool:
+    """Gives `version` the champion alias if its `metric` on `test_split` beats the holder's.
+
+    The comparison is only made on the same test split (an id such as the hash of the
+    split's contents): a holder evaluated on another split is not comparable, and then the
+    new version is promoted only if there is no holder. The decision is recorded as tags
+    on the model version and, when a run is active, on the run.
+    """
+    client = mlflow.MlflowClient()
+    client.set_model_version_tag(model_name, version, f"eval.{metric}", str(value))
+    client.set_model_version_tag(model_name, version, "eval.test_split", test_split)
+    try:
+        holder = client.get_model_version_by_alias(model_name, CHAMPION)
+    except mlflow.exceptions.MlflowException:
+        holder = None
+    if holder is None:
+        promote, reason = True, "no champion yet"
+    elif holder.version == str(version):
+        promote, reason = False, "already the champion"
+    elif holder.tags.get("eval.test_split") != test_split:
+        promote, reason = False, (f"champion v{holder.version} was evaluated on another test split "
+                                  f"({holder.tags.get('eval.test_split')}); not comparable")
+    else:
+        best = float(holder.tags.get(f"eval.{metric}", "nan"))
+        better = value > best if higher_is_better else value < best
+        promote = better or best != best  # NaN: the holder has no score for this metric
+        reason = (f"{metric} {value:.4f} {'beats' if better else 'does not beat'} champion "
+                  f"v{holder.version}'s {best:.4f}")
+    if promote:
+        client.set_registered_model_alias(model_name, CHAMPION, version)
+    client.set_model_version_tag(model_name, version, "promotion", reason)
+    if mlflow.active_run():
+        mlflow.set_tags({"registry.model": model_name, "registry.version": str(version),
+                         "registry.promoted": str(promote), "registry.decision": reason})
+    log(f"registry: {model_name} v{version}: {'promoted to' if promote else 'not'} "
+        f"{CHAMPION} ({reason})")
+    return promote

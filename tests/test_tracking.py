@@ -83,3 +83,30 @@ def test_default_store_is_sqlite_in_the_project(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = tracking.tracking_uri(config_lib.load(None))
     assert uri.startswith("sqlite:////") and uri.endswith("/mlflow.db")
+
+
+def test_champion_moves_only_to_a_better_model_on_the_same_split(tmp_path):
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'registry.db'}")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("clf")
+    versions = [client.create_model_version("clf", f"file://{tmp_path}/m{i}").version
+                for i in range(4)]
+    log = []
+    assert tracking.promote_if_better("clf", versions[0], "accuracy", 0.70, "split-a", log=log.append)
+    assert not tracking.promote_if_better("clf", versions[1], "accuracy", 0.65, "split-a",
+                                          log=log.append)
+    assert client.get_model_version_by_alias("clf", "champion").version == versions[0]
+    assert tracking.promote_if_better("clf", versions[2], "accuracy", 0.80, "split-a", log=log.append)
+    # A better score on another split is not comparable: no promotion.
+    assert not tracking.promote_if_better("clf", versions[3], "accuracy", 0.99, "split-b",
+                                          log=log.append)
+    assert client.get_model_version_by_alias("clf", "champion").version == versions[2]
+    reason = client.get_model_version("clf", versions[1]).tags["promotion"]
+    assert "does not beat" in reason and "0.7000" in reason
+    assert "not comparable" in client.get_model_version("clf", versions[3]).tags["promotion"]
+    # Lower-is-better metrics (a loss) compare the other way.
+    client.create_registered_model("reg")
+    a = client.create_model_version("reg", f"file://{tmp_path}/r0").version
+    b = client.create_model_version("reg", f"file://{tmp_path}/r1").version
+    assert tracking.promote_if_better("reg", a, "loss", 0.5, "s", higher_is_better=False, log=log.append)
+    assert tracking.promote_if_better("reg", b, "loss", 0.4, "s", higher_is_better=False, log=log.append)
