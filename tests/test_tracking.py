@@ -54,29 +54,42 @@ def mlflow_server(tmp_path):
         proc.wait(timeout=30)
 
 
-def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    config = config_lib.load(None, ["tracking.experiment=rest-check", "train.steps=300"])
-    assert tracking.tracking_uri(config) == mlflow_server
-    with tracking.pipeline_run(config, ["vocab", "data"]) as parent:
-        for stage in ("vocab", "data"):
-            with tracking.stage_run(stage, config):
-                mlflow.log_metric("probe", 1.0)
+def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypatch, tmp_path,
+                                                          corpus_dir):
+    """MLFLOW_TRACKING_URI=http://... : the pipeline records its runs and artifacts on the server."""
+    from pipeline import cli
 
-    request = urllib.request.Request(
-        f"{mlflow_server}/api/2.0/mlflow/experiments/get-by-name?experiment_name=rest-check")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        experiment_id = json.load(response)["experiment"]["experiment_id"]
-    body = json.dumps({"experiment_ids": [experiment_id]}).encode()
-    request = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/runs/search", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        runs = json.load(response)["runs"]
-    tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
-    children = [t for t in tags if t.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(t["pipeline.stage"] for t in children) == ["data", "vocab"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    assert cli.main(["corpus", "vocab", "--config", "configs/test_tiny.yaml",
+                     f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",
+                     "tracking.experiment=rest-check"]) == 0
+
+    def call(path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/{path}", data=data,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    experiment_id = call("experiments/get-by-name?experiment_name=rest-check")[
+        "experiment"]["experiment_id"]
+    runs = call("runs/search", {"experiment_ids": [experiment_id]})["runs"]
+    tags = {run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+            for run in runs}
+    parents = [rid for rid, t in tags.items() if "mlflow.parentRunId" not in t]
+    assert len(parents) == 1
+    children = {t["pipeline.stage"]: rid for rid, t in tags.items()
+                if t.get("mlflow.parentRunId") == parents[0]}
+    assert sorted(children) == ["corpus", "vocab"]
     params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
-    assert params["train.steps"] == "300" and params["model.preset"] == "tiny"
+    assert params["vocab.size"] == "300" and params["model.preset"] == "tiny"
+    # The vocab went to the server's artifact store, and can be read back from it.
+    listed = call(f"artifacts/list?run_id={children['vocab']}&path=vocab")
+    assert "vocab/vocab.txt" in [f["path"] for f in listed["files"]]
+    local = mlflow.artifacts.download_artifacts(run_id=children["vocab"],
+                                                artifact_path="vocab/vocab.txt",
+                                                dst_path=str(tmp_path / "dl"))
+    assert open(local).read() == (tmp_path / "run" / "vocab" / "vocab.txt").read_text()
 
 
 def test_default_store_is_sqlite_in_the_project(monkeypatch):
