@@ -6,6 +6,8 @@ atomically; logs the vocab and its metadata to MLflow.
 
 from __future__ import annotations
 
+import time
+
 import mlflow
 
 from beam_jobs import vocab as vocab_job
@@ -21,6 +23,7 @@ def run(config: Config, log=print) -> dict:
         raise artifacts.MissingArtifact(f"no training text in {paths.corpus_train_dir}; "
                                         f"run `make corpus` again")
     vc = config.vocab
+    start = time.time()
     with artifacts.atomic_dir(paths.vocab_dir) as tmp:
         meta = vocab_job.run([
             "--input", paths.corpus_glob("train"),
@@ -32,8 +35,10 @@ def run(config: Config, log=print) -> dict:
             *config.data.beam_args,
         ])
         vocab_job.check_vocab(str(tmp / paths.vocab_file.name))
-    log(f"vocab: {meta['vocab_size']:,} tokens from {meta['distinct_words_used']:,} distinct words "
-        f"-> {paths.vocab_file}")
+    seconds = time.time() - start
+    log(f"vocab: {meta['vocab_size']:,} tokens learned from {meta['distinct_words_used']:,} distinct "
+        f"words ({meta['word_occurrences_used']:,} occurrences) in {seconds:.1f} s "
+        f"({meta['word_occurrences_used'] / seconds:,.0f} words/s) -> {paths.vocab_file}")
     if mlflow.active_run():
         mlflow.log_metrics({"vocab_size": meta["vocab_size"],
                             "distinct_words_used": meta["distinct_words_used"]})
