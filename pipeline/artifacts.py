@@ -9,6 +9,8 @@ A run directory (config key `run_dir`, default `runs/default`) holds:
     pretrain/checkpoints/                   weights + optimizer state every N steps (resume)
     pretrain/config.yaml                    the config the model was trained with
     pretrain/model.keras pretrain/saved_model/ pretrain/eval.json   final model + held-out eval
+    finetune/<name>/                        a fine-tuned task: model, raw-text SavedModel, metrics
+                                            (see FinetuneArtifacts)
 
 Project-level (shared by all runs): `data/downloads/` (registry packages fetched by
 `make setup`), `mlflow.db` and `mlartifacts/` (the default MLflow store).
@@ -64,6 +66,8 @@ class Artifacts:
         self.model_keras = self.pretrain_dir / "model.keras"
         self.saved_model = self.pretrain_dir / "saved_model"
         self.pretrain_eval = self.pretrain_dir / "eval.json"
+        # finetune stage: one folder per fine-tuned task, <run_dir>/finetune/<name>/
+        self.finetune_root = self.root / "finetune"
         # logs of each invocation
         self.logs_dir = self.root / "logs"
 
@@ -82,6 +86,40 @@ class Artifacts:
 
     def shards(self, split: str) -> list[Path]:
         return sorted(Path(p) for p in _glob(self.shard_pattern(split)))
+
+    def finetune(self, name: str) -> "FinetuneArtifacts":
+        """The folder of one fine-tuned task (`finetune.name`)."""
+        return FinetuneArtifacts(self.finetune_root / name)
+
+
+class FinetuneArtifacts:
+    """<run_dir>/finetune/<name>/, written whole by the finetune stage (atomic_dir):
+
+        model.keras           the fine-tuned Keras model (task head + encoder)
+        saved_model/          SavedModel serving raw strings (classification, regression,
+                              semantic search): signature serving_default
+        task.json             task, labels, max_seq_length, lowercase: what `predict` needs
+        vocab.txt             the WordPiece vocab the model was trained with
+        splits.json           how train/validation/test were made (seed, groups, counts, sha256)
+        metrics.json          validation/test metrics, per-epoch history, baselines
+        confusion_matrix.png  test confusion matrix (classification)
+        test_predictions.jsonl  the model's test predictions
+        config.yaml           the config the stage ran with
+        sweep.json            `make sweep`: every grid point and the best (beside the folders)
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        self.dir = Path(folder)
+        self.model_keras = self.dir / "model.keras"
+        self.saved_model = self.dir / "saved_model"
+        self.task_json = self.dir / "task.json"
+        self.vocab_file = self.dir / "vocab.txt"
+        self.splits = self.dir / "splits.json"
+        self.metrics = self.dir / "metrics.json"
+        self.confusion_matrix = self.dir / "confusion_matrix.png"
+        self.test_predictions = self.dir / "test_predictions.jsonl"
+        self.config = self.dir / "config.yaml"
+        self.sweep = self.dir.parent / f"{self.dir.name}.sweep.json"
 
 
 def _glob(pattern: str) -> list[str]:
@@ -142,6 +180,17 @@ def atomic_file(final: Path, mode: str = "w", encoding: str | None = "utf-8"):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file's contents, read in 1 MiB blocks."""
+    import hashlib
+
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def write_text_atomic(final: Path, text: str) -> None:

@@ -51,12 +51,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def output_dir(stage: str, paths: Artifacts) -> Path:
@@ -107,7 +101,7 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
               "pretrain": {"data_stats": paths.data_stats, "vocab": paths.vocab_file}}[stage]
     if not all(p.exists() for p in needed.values()):
         return None
-    hashes = {name: sha256_file(path) for name, path in needed.items()}
+    hashes = {name: artifacts.sha256_file(path) for name, path in needed.items()}
     if stage == "pretrain":
         shards = sorted((p.name, p.stat().st_size) for p in paths.data_dir.glob("*.tfrecord"))
         hashes["data_shards"] = sha256_bytes(json.dumps(shards).encode())

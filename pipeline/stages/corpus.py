@@ -130,12 +130,6 @@ def is_held_out(doc_id: str, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def run(config: Config, log=print) -> dict:
@@ -185,7 +179,7 @@ def run(config: Config, log=print) -> dict:
             writer.close()
         manifest = {
             "source": cc.source,
-            "inputs": [{"path": str(p), "sha256": sha256_file(p), "bytes": p.stat().st_size}
+            "inputs": [{"path": str(p), "sha256": artifacts.sha256_file(p), "bytes": p.stat().st_size}
                        for p in sources],
             "eval_fraction": cc.eval_fraction,
             "seed": cc.seed,
