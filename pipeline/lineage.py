@@ -96,6 +96,9 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
         return {"corpus_files": sha256_bytes(json.dumps(stats).encode()),
                 "corpus_file_count": len(files)}
     if stage == "vocab":
+        if config.vocab.from_file:
+            given = Path(config.vocab.from_file)
+            return {"vocab_file": artifacts.sha256_file(given)} if given.exists() else None
         return {}
     needed = {"data": {"corpus_manifest": paths.corpus_manifest, "vocab": paths.vocab_file},
               "pretrain": {"data_stats": paths.data_stats, "vocab": paths.vocab_file}}[stage]

@@ -49,3 +49,22 @@ def test_too_small_corpus_for_min_count(tmp_path):
     with pytest.raises(Exception, match="min_word_count"):
         vocab.run(["--input", f"{tmp_path}/a.txt", "--output", str(tmp_path / "v.txt"),
                    "--min_word_count", "5", "--runner=DirectRunner"])
+
+
+def test_vocab_stage_can_take_an_existing_vocab(tmp_path):
+    from pipeline import config as config_lib
+    from pipeline.artifacts import Artifacts
+    from pipeline.config import ConfigError
+    from pipeline.stages import vocab as vocab_stage
+
+    given = tmp_path / "given.txt"
+    given.write_text("\n".join(vocab.SPECIAL_TOKENS + ["the", "cat", "##s"]) + "\n")
+    config = config_lib.load(None, [f"run_dir={tmp_path / 'run'}", f"vocab.from_file={given}"])
+    (tmp_path / "run" / "corpus" / "train").mkdir(parents=True)
+    (tmp_path / "run" / "corpus" / "train" / "a.txt").write_text("The cats.\n")
+    (tmp_path / "run" / "corpus" / "manifest.json").write_text("{}")
+    meta = vocab_stage.run(config, log=lambda *_: None)
+    assert Artifacts(config.run_dir).vocab_file.read_text() == given.read_text()
+    assert meta["vocab_size"] == len(vocab.SPECIAL_TOKENS) + 3
+    with pytest.raises(ConfigError, match="vocab.from_file"):
+        config_lib.load(None, [f"vocab.from_file={tmp_path / 'missing.txt'}"])

@@ -6,6 +6,8 @@ atomically; logs the vocab and its metadata to MLflow.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 
 import mlflow
@@ -24,6 +26,8 @@ def run(config: Config, log=print) -> dict:
                                         f"run `make corpus` again")
     vc = config.vocab
     start = time.time()
+    if vc.from_file:
+        return use_existing_vocab(config, paths, log)
     with artifacts.atomic_dir(paths.vocab_dir) as tmp:
         meta = vocab_job.run([
             "--input", paths.corpus_glob("train"),
@@ -44,4 +48,22 @@ def run(config: Config, log=print) -> dict:
                             "distinct_words_used": meta["distinct_words_used"]})
         mlflow.log_artifact(str(paths.vocab_file), "vocab")
         mlflow.log_artifact(str(paths.vocab_meta), "vocab")
+    return meta
+
+
+def use_existing_vocab(config: Config, paths: Artifacts, log=print) -> dict:
+    """vocab.from_file: copies a given vocab.txt (checked) instead of learning one."""
+    source = config.vocab.from_file
+    special = vocab_job.check_vocab(source)
+    tokens = open(source, encoding="utf-8").read().splitlines()
+    meta = {"vocab_size": len(tokens), "from_file": source, "lowercase": config.vocab.lowercase,
+            "strip_accents": config.vocab.lowercase, "distinct_words_used": 0,
+            "word_occurrences_used": 0, "special_token_ids": special}
+    with artifacts.atomic_dir(paths.vocab_dir) as tmp:
+        shutil.copyfile(source, tmp / paths.vocab_file.name)
+        (tmp / paths.vocab_meta.name).write_text(json.dumps(meta, indent=2))
+    log(f"vocab: {len(tokens):,} tokens taken from {source} -> {paths.vocab_file}")
+    if mlflow.active_run():
+        mlflow.log_metric("vocab_size", len(tokens))
+        mlflow.log_artifact(str(paths.vocab_file), "vocab")
     return meta
