@@ -1,6 +1,7 @@
 """Command line: `python -m pipeline STAGE [STAGE ...] --config FILE [section.key=value ...]`.
 
 Stages, in order: corpus → vocab → data → pretrain; `all` runs the four.
+Other commands: fill-mask, nsp, attention, embed (`python -m pipeline fill-mask --help`).
 Each invocation is one MLflow parent run with a nested run per stage.
 
 A stage whose inputs, settings and code are unchanged since it last completed
