@@ -4,14 +4,25 @@
         --output runs/default/vocab/vocab.txt --vocab_size 8000 --lowercase true \
         [--runner=DataflowRunner --project=... any other Beam flag]
 
-How it scales: the word count is distributed (each worker normalises and splits
-its lines into words, Beam sums the counts per word), so the corpus is never
-in one place. Only the table of the `max_words` most frequent words reaches the
-final step, which learns the word pieces with the Hugging Face `tokenizers`
-WordPiece trainer (Rust; ~1.5 s for 40k distinct words). The table grows with
-the number of distinct words, not with the corpus. When the kept counts add
-up to more than `--max_learner_tokens`, they are scaled down proportionally
-before learning (the learner only compares frequencies).
+How it scales — a distributed word count, then a learner over the top words:
+
+  1. ReadLines / SplitWords: every worker reads its share of the lines (Beam splits
+     the files) and normalises + pre-tokenizes them into words, as BERT will.
+  2. CountWords: Beam sums the counts per word (a combiner: partial counts on each
+     worker, then a shuffle by word), so the corpus is never in one place. It is an
+     exact count of the whole corpus, not a sample: a sample would miss the rare
+     words that decide the tail of the vocabulary, and the count is cheap to scale.
+  3. TopWords: only the `max_words` most frequent words (a bounded heap per worker,
+     merged) reach the last step. Its size grows with the number of distinct words
+     kept, not with the corpus.
+  4. LearnAndWrite (one worker): the Hugging Face `tokenizers` WordPiece trainer
+     (Rust; ~1.5 s for 40k distinct words) learns the pieces from those counts.
+     When they add up to more than `--max_learner_tokens`, they are scaled down
+     proportionally first (the learner only compares frequencies).
+
+Progress: Beam counters `vocab/lines`, `vocab/words` (SplitWords) and
+`vocab/distinct_words` (words reaching the learner) show in the runner's UI
+(e.g. Dataflow's job page) while it runs; the final figures are in vocab.json.
 
 The vocab layout is Google's: [PAD]=0, [unused0]..[unused98]=1..99, [UNK]=100,
 [CLS]=101, [SEP]=102, [MASK]=103, then single characters and word pieces
@@ -62,11 +73,16 @@ class SplitWords(beam.DoFn):
 
         self._normalizer = make_normalizer(self.lowercase)
         self._pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self._lines = beam.metrics.Metrics.counter("vocab", "lines")
+        self._words = beam.metrics.Metrics.counter("vocab", "words")
 
     def process(self, line: str):
         if not line.strip():
             return
-        for word, _ in self._pre_tokenizer.pre_tokenize_str(self._normalizer.normalize_str(line)):
+        words = self._pre_tokenizer.pre_tokenize_str(self._normalizer.normalize_str(line))
+        self._lines.inc()
+        self._words.inc(len(words))
+        for word, _ in words:
             yield word
 
 
@@ -137,6 +153,7 @@ def run(argv=None, test_pipeline=None):
 
     def write_outputs(top_words):
         word_counts = list(top_words)  # Top.Of emits one list of (word, count)
+        beam.metrics.Metrics.counter("vocab", "distinct_words").inc(len(word_counts))
         tokens = learn_wordpiece(word_counts, args.vocab_size, args.min_word_count,
                                  args.max_learner_tokens)
         with beam.io.filesystems.FileSystems.create(args.output) as handle:

@@ -4,6 +4,14 @@
     >>> lr = WarmupPolynomialDecay(1e-3, warmup_steps=10, decay_steps=100)
     >>> [round(float(lr(s)), 6) for s in (0, 5, 10, 55, 100, 200)]
     [0.0, 0.0005, 0.001, 0.0005, 0.0, 0.0]
+
+With gradient accumulation Keras calls the schedule with the count of micro-batches
+(`optimizer._iterations`), not of updates; `micro_steps_per_update=k` turns it back
+into updates, so warmup and decay are counted in optimizer updates either way:
+
+    >>> lr = WarmupPolynomialDecay(1e-3, 10, 100, micro_steps_per_update=4)
+    >>> [round(float(lr(s)), 6) for s in (0, 3, 20, 23, 40)]
+    [0.0, 0.0, 0.0005, 0.0005, 0.001]
 """
 
 from __future__ import annotations
@@ -15,18 +23,28 @@ from keras import ops
 @keras.saving.register_keras_serializable(package="bert_pipeline")
 class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
     """`peak * step / warmup` for the first `warmup_steps`, then decays from `peak` to
-    `end_learning_rate` at `decay_steps` as `(1 - progress) ** power` (power 1 = linear)."""
+    `end_learning_rate` at `decay_steps` as `(1 - progress) ** power` (power 1 = linear).
+
+    Steps are optimizer updates; with `micro_steps_per_update = k` (gradient accumulation
+    over k micro-batches) the step Keras passes in is divided by k (rounded down).
+    Backend-agnostic (`keras.ops` only)."""
 
     def __init__(self, peak_learning_rate, warmup_steps, decay_steps,
-                 end_learning_rate=0.0, power=1.0, name="warmup_polynomial_decay"):
+                 end_learning_rate=0.0, power=1.0, name="warmup_polynomial_decay",
+                 micro_steps_per_update=1):
         self.peak_learning_rate = float(peak_learning_rate)
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = int(decay_steps)
         self.end_learning_rate = float(end_learning_rate)
         self.power = float(power)
         self.name = name
+        self.micro_steps_per_update = int(micro_steps_per_update)
+        if self.micro_steps_per_update < 1:
+            raise ValueError(f"micro_steps_per_update must be >= 1, got {micro_steps_per_update}")
 
     def __call__(self, step):
+        if self.micro_steps_per_update > 1:
+            step = ops.floor_divide(step, self.micro_steps_per_update)
         step = ops.cast(step, "float32")
         peak = self.peak_learning_rate
         warmup = ops.maximum(float(self.warmup_steps), 1.0)
@@ -45,4 +63,5 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
             "end_learning_rate": self.end_learning_rate,
             "power": self.power,
             "name": self.name,
+            "micro_steps_per_update": self.micro_steps_per_update,
         }

@@ -105,7 +105,7 @@ class FinetuneArtifacts:
         confusion_matrix.png  test confusion matrix (classification)
         test_predictions.jsonl  the model's test predictions
         config.yaml           the config the stage ran with
-        sweep.json            `make sweep`: every grid point and the best (beside the folders)
+        ../<name>.sweep.json  `make sweep`: every grid point and the best (beside the folder)
     """
 
     def __init__(self, folder: str | os.PathLike):

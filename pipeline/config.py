@@ -1,7 +1,8 @@
 """The pipeline's configuration: dataclasses, loaded from YAML, validated on load.
 
 A config file is a nested mapping whose sections mirror the dataclasses below
-(`corpus`, `vocab`, `data`, `model`, `train`, `tracking`) plus `run_dir`.
+(`corpus`, `vocab`, `data`, `model`, `train`, `tracking`,
+`finetune`) plus `run_dir`.
 Anything not given keeps its default. Command-line overrides use dotted keys:
 
     python -m pipeline pretrain --config configs/pretrain_tiny.yaml train.steps=50
@@ -51,6 +52,9 @@ class VocabConfig:
     min_word_count: int = 2
     # The learner only looks at this many of the most frequent words.
     max_words: int = 200_000
+    # Use this vocab.txt instead of learning one (e.g. the vocab of an imported checkpoint,
+    # to continue pretraining it on your corpus); `lowercase` must match its casing.
+    from_file: str = ""
 
 
 @dataclass
@@ -62,10 +66,22 @@ class DataConfig:
     dupe_factor: int = 1
     seed: int = 12345
     num_shards: int = 4
-    # Documents are hashed into groups of about this many; the random "B"
-    # segment of an NSP pair is drawn from another document of the same group,
-    # so no worker needs the whole corpus in memory.
-    docs_per_group: int = 2000
+    # Documents are hashed into groups of about this much input text (MB); the random
+    # "B" segment of an NSP pair is drawn from another document of the same group, so
+    # no worker needs more than one group in memory.
+    group_size_mb: float = 4.0
+    # nsp: B follows A (label 0) or comes from a random document (1). sop (ALBERT's
+    # sentence-order prediction): B follows A (0) or the two are swapped (1).
+    objective: str = "nsp"
+    # Mask all the pieces of a word (a token and its "##" continuations) together.
+    whole_word_masking: bool = False
+    # static: masks written in the TFRecords (dupe_factor passes with different masks);
+    # dynamic: records written unmasked, tf.data masks every batch anew each epoch.
+    masking: str = "static"
+    # Several outputs from one command, e.g. ["128/20", "512/80"] (max_seq_length /
+    # max_predictions_per_seq): data/phase1/, data/phase2/, each with its own shards and
+    # stats. Empty: one output in data/ with the two keys above.
+    phases: list = field(default_factory=list)
     # Extra Apache Beam flags, e.g. ["--runner=DataflowRunner", "--project=..."].
     beam_args: list = field(default_factory=lambda: ["--runner=DirectRunner"])
 
@@ -86,23 +102,50 @@ class ModelConfig:
     # Google's original BERT code and keras-hub's BertBackbone).
     activation: str = "gelu_approximate"
     layer_norm_epsilon: float = 1e-12
+    # Start from an existing checkpoint instead of random weights: a .keras file
+    # written by `python -m models.convert import-hf|import-google` (with its
+    # vocab.txt beside it) or a pretrain run, a Hugging Face BERT directory or a
+    # Google BERT directory. The sizes, activation, epsilon, positions and segment
+    # types above and the run's vocab must match the checkpoint (a mismatch is
+    # refused, naming both values). Used only when the run has no checkpoint yet.
+    # Empty: random initialisation.
+    init_from: str = ""
 
 
 @dataclass
 class TrainConfig:
-    # default | one_device | mirrored | multi_worker | tpu
+    # default | one_device | mirrored (all local GPUs, else all logical CPU devices) |
+    # multi_worker (cluster from $TF_CONFIG; run the same command on every worker) | tpu
     strategy: str = "default"
     tpu: str = ""
-    batch_size: int = 32  # global batch, split across replicas
+    # The global batch of one forward/backward pass, split evenly across all replicas of all
+    # workers (it must divide by their number). With grad_accum_steps = k every optimizer
+    # update sees k such batches: effective batch = batch_size × grad_accum_steps.
+    batch_size: int = 32
+    grad_accum_steps: int = 1
+    # Optimizer updates (not micro-batches): the LR schedule, checkpoint_every, log_every and
+    # the step numbers in checkpoints and MLflow all count updates.
     steps: int = 1000
+    # adamw (BERT's Adam with decoupled weight decay) | lamb (layer-wise adaptive, for large
+    # batches: You et al. 2019). Both skip weight decay on LayerNorm parameters and biases.
+    optimizer: str = "adamw"
     learning_rate: float = 1e-3
     warmup_steps: int = 100
     end_learning_rate: float = 0.0
+    decay_power: float = 1.0  # after warmup: (1 - progress) ** power; 1 = linear (BERT)
     weight_decay: float = 0.01
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-6
+    # Clip the gradient by its global norm (over all replicas and accumulated micro-batches);
+    # 0 = no clipping.
     clipnorm: float = 1.0
+    # float32 | mixed_bfloat16 (CPU, TPU, Ampere+ GPUs) | mixed_float16 (GPUs; with dynamic
+    # loss scaling). Variables stay float32 either way.
+    precision: str = "float32"
+    # XLA compilation of the train step: auto (Keras decides: on for a single GPU, off on CPU
+    # and under tf.distribute) | true | false.
+    jit_compile: str = "auto"
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 20
@@ -110,6 +153,19 @@ class TrainConfig:
     eval_batches: int = 0
     shuffle_buffer: int = 10_000
     seed: int = 12345
+    # How workers of a multi_worker cluster split the training data (tf.data auto-sharding):
+    # auto (by file when there are at least as many files as workers, else by record) |
+    # file (each worker reads its own files) | data (every worker reads all files and keeps
+    # its share of each global batch: the same batches as one worker would see) | off.
+    data_sharding: str = "auto"
+    # On resume: skip (the training data restarts from the same seed and skips the batches
+    # already consumed, so a resumed run sees the batches an uninterrupted run would, exactly
+    # on one worker or with data_sharding=data; it reads through the consumed records once) |
+    # reseed (a fresh shuffle seeded with seed + step: instant, another order).
+    resume_data: str = "skip"
+    # Seconds spent at start-up timing a large float32 matmul: the peak FLOP/s that the
+    # logged model FLOP utilisation (mfu) is relative to. 0 = do not measure, no mfu.
+    peak_flops_seconds: float = 1.0
 
 
 @dataclass
@@ -117,6 +173,75 @@ class TrackingConfig:
     experiment: str = "bert-pipeline"
     # Empty: $MLFLOW_TRACKING_URI if set, else a SQLite file in the project.
     tracking_uri: str = ""
+
+
+@dataclass
+class FinetuneConfig:
+    """`python -m pipeline finetune`: a task head on the pretrained encoder (pipeline/stages/finetune.py)."""
+    # classification (one label per text or text pair, head on pooled [CLS]) | regression
+    # (a number per text or pair) | token_classification (a tag per word) |
+    # question_answering (SQuAD spans) | semantic_search (bi-encoder on text/text_pair pairs).
+    task: str = "classification"
+    # brown_genre | brown_pos (the Brown corpus fetched by `make setup`) | csv | tsv | jsonl
+    # (columns below) | conll | squad | glue (glue_dir + glue_task).
+    dataset: str = "brown_genre"
+    # Output folder <run_dir>/finetune/<name>; empty: brown_genre / brown_pos, the GLUE task,
+    # or the task name.
+    name: str = ""
+    train_file: str = ""
+    # Empty validation/test files: split off train by group, seeded (recorded in splits.json).
+    validation_file: str = ""
+    test_file: str = ""
+    text_column: str = "text"
+    text_pair_column: str = ""  # set it for sentence pairs ([CLS] A [SEP] B [SEP])
+    label_column: str = "label"
+    conll_word_column: int = 0
+    conll_label_column: int = -1
+    glue_dir: str = ""  # the GLUE download (glue_data/) or one task's folder
+    glue_task: str = ""  # cola | sst-2 | mrpc | qqp | sts-b | mnli | qnli | rte | wnli
+    # The label set in id order; empty: the sorted labels found in the training data.
+    labels: list = field(default_factory=list)
+    brown_labels: str = "genre"  # genre (15 Brown genres) | group (press/nonfiction/learned/fiction)
+    sentences_per_example: int = 3  # brown_genre: consecutive sentences per example
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+    split_seed: int = 12345
+    max_examples: int = 0  # cap on each split (0 = all), for quick runs
+    max_seq_length: int = 128
+    # Question answering: question pieces kept, stride between context windows, longest
+    # answer (pieces), candidates per window, SQuAD v2 "no answer" margin.
+    max_query_length: int = 64
+    doc_stride: int = 128
+    max_answer_length: int = 30
+    n_best: int = 20
+    version_2: bool = False
+    null_score_threshold: float = 0.0
+    # A .keras file holding a BERT encoder (a pretrainer, a fine-tuned model or a BertEncoder);
+    # empty: <run_dir>/pretrain/model.keras. Its vocab: vocab_file, else vocab.txt beside
+    # init_from, else <run_dir>/vocab/vocab.txt.
+    init_from: str = ""
+    vocab_file: str = ""
+    # none: train everything | encoder: train only the head | all_but_last_n: train the head,
+    # the pooler and the last `trainable_last_n` Transformer blocks.
+    freeze: str = "none"
+    trainable_last_n: int = 1
+    dropout: float = 0.1
+    learning_rate: float = 5e-5
+    batch_size: int = 32
+    epochs: int = 3
+    max_steps: int = 0  # stop after this many steps (0 = epochs decide)
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    clipnorm: float = 1.0
+    seed: int = 12345
+    similarity_scale: float = 20.0  # semantic_search: cosine x scale before the softmax
+    baselines: bool = True  # majority class + bag-of-words logistic regression on the test split
+    # Log the raw-text SavedModel to MLflow as a model and register it (the files in
+    # <run_dir>/finetune/<name>/ are written either way).
+    register_model: bool = True
+    registered_model: str = ""  # MLflow model registry name; empty: bert-<name>
+    # `make sweep` grid: "key=v1,v2" items over finetune keys, e.g. ["learning_rate=1e-4,3e-4"].
+    sweep: list = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +253,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 CHOICES = {
@@ -135,7 +261,20 @@ CHOICES = {
     "corpus.long_lines": ("error", "skip"),
     "model.preset": tuple(presets.PRESETS),
     "model.activation": ("gelu", "gelu_approximate", "relu"),
+    "data.objective": ("nsp", "sop"),
+    "data.masking": ("static", "dynamic"),
     "train.strategy": ("default", "one_device", "mirrored", "multi_worker", "tpu"),
+    "train.optimizer": ("adamw", "lamb"),
+    "train.precision": ("float32", "mixed_bfloat16", "mixed_float16"),
+    "train.jit_compile": ("auto", "true", "false"),
+    "train.data_sharding": ("auto", "file", "data", "off"),
+    "train.resume_data": ("skip", "reseed"),
+    "finetune.task": ("classification", "regression", "token_classification",
+                      "question_answering", "semantic_search"),
+    "finetune.dataset": ("brown_genre", "brown_pos", "csv", "tsv", "jsonl", "conll", "squad",
+                         "glue"),
+    "finetune.brown_labels": ("genre", "group"),
+    "finetune.freeze": ("none", "encoder", "all_but_last_n"),
 }
 
 # (key, lowest allowed, highest allowed, inclusive low?)
@@ -151,7 +290,7 @@ RANGES = [
     ("data.short_seq_prob", 0.0, 1.0, True),
     ("data.dupe_factor", 1, None, True),
     ("data.num_shards", 1, None, True),
-    ("data.docs_per_group", 2, None, True),
+    ("data.group_size_mb", 0.0, None, False),
     ("model.num_layers", 0, None, True),
     ("model.hidden_dim", 0, None, True),
     ("model.num_heads", 0, None, True),
@@ -161,7 +300,10 @@ RANGES = [
     ("model.dropout", 0.0, 1.0, True),
     ("model.layer_norm_epsilon", 0.0, 1.0, False),
     ("train.batch_size", 1, None, True),
+    ("train.grad_accum_steps", 1, 1024, True),
     ("train.steps", 1, None, True),
+    ("train.decay_power", 0.0, None, False),
+    ("train.peak_flops_seconds", 0.0, 60.0, True),
     ("train.learning_rate", 0.0, None, False),
     ("train.warmup_steps", 0, None, True),
     ("train.end_learning_rate", 0.0, None, True),
@@ -172,6 +314,25 @@ RANGES = [
     ("train.log_every", 1, None, True),
     ("train.eval_batches", 0, None, True),
     ("train.shuffle_buffer", 1, None, True),
+    ("finetune.sentences_per_example", 1, 1000, True),
+    ("finetune.validation_fraction", 0.0, 0.5, True),
+    ("finetune.test_fraction", 0.0, 0.5, True),
+    ("finetune.max_examples", 0, None, True),
+    ("finetune.max_seq_length", 8, 4096, True),
+    ("finetune.max_query_length", 1, None, True),
+    ("finetune.doc_stride", 1, None, True),
+    ("finetune.max_answer_length", 1, None, True),
+    ("finetune.n_best", 1, None, True),
+    ("finetune.trainable_last_n", 1, None, True),
+    ("finetune.dropout", 0.0, 1.0, True),
+    ("finetune.learning_rate", 0.0, 0.01, False),
+    ("finetune.batch_size", 1, 4096, True),
+    ("finetune.epochs", 1, 1000, True),
+    ("finetune.max_steps", 0, None, True),
+    ("finetune.warmup_fraction", 0.0, 0.5, True),
+    ("finetune.weight_decay", 0.0, 1.0, True),
+    ("finetune.clipnorm", 0.0, None, True),
+    ("finetune.similarity_scale", 0.0, None, False),
 ]
 
 
@@ -248,6 +409,8 @@ def _coerce(value, hint, key: str, source: str):
     if hint is str:
         if value is None:
             return ""
+        if isinstance(value, bool) and "true" in CHOICES.get(key, ()):
+            return "true" if value else "false"  # YAML true/false for auto|true|false keys
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise bad("a string")
         return str(value)
@@ -282,6 +445,10 @@ def validate(config: Config, source: str = "<config>") -> None:
             lo = f">= {low}" if inclusive else f"> {low}"
             allowed = lo if high is None else f"{lo} and <= {high}"
             raise ConfigError(f"{source}: key {key} = {value!r} is out of range; it must be {allowed}")
+    if config.vocab.from_file and not Path(config.vocab.from_file).is_file():
+        raise ConfigError(f"{source}: key vocab.from_file = {config.vocab.from_file!r}: no such file; "
+                          f"give the path of a vocab.txt (one token per line) or leave it empty "
+                          f"to learn a vocabulary from the corpus")
     if config.corpus.source == "files" and not config.corpus.path:
         raise ConfigError(f"{source}: key corpus.path is empty but corpus.source = 'files'; "
                           f"set corpus.path to a glob of Google-format text files")
@@ -301,9 +468,136 @@ def validate(config: Config, source: str = "<config>") -> None:
         raise ConfigError(
             f"{source}: key data.max_predictions_per_seq = {config.data.max_predictions_per_seq} "
             f"must be below data.max_seq_length - 3 = {config.data.max_seq_length - 3}")
+    _validate_phases(config, source)
     if config.train.warmup_steps > config.train.steps:
         raise ConfigError(f"{source}: key train.warmup_steps = {config.train.warmup_steps} is more "
                           f"than train.steps = {config.train.steps}; lower it")
+    _validate_finetune(config, source)
+    if config.model.init_from:
+        value = config.model.init_from
+        problem = _init_from_problem(Path(value))
+        if problem:
+            raise ConfigError(f"{source}: key model.init_from = {value!r} {problem}; "
+                              f"it must be a .keras file (python -m models.convert import-hf / "
+                              f"import-google), a Hugging Face BERT directory (config.json) or a "
+                              f"Google BERT directory (bert_config.json)")
+
+
+def data_phases(config: Config) -> list[tuple[int, int]]:
+    """[(max_seq_length, max_predictions_per_seq)] of each data phase ("128/20" or "128:20");
+    without data.phases, the one phase of data.max_seq_length / data.max_predictions_per_seq."""
+    if not config.data.phases:
+        return [(config.data.max_seq_length, config.data.max_predictions_per_seq)]
+    phases = []
+    for item in config.data.phases:
+        parts = str(item).replace(":", "/").split("/")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(item)
+        phases.append((int(parts[0]), int(parts[1])))
+    return phases
+
+
+def _validate_phases(config: Config, source: str) -> None:
+    try:
+        phases = data_phases(config)
+    except ValueError as err:
+        raise ConfigError(f"{source}: key data.phases = {config.data.phases!r}: {str(err)!r} is not "
+                          f"max_seq_length/max_predictions_per_seq; write e.g. "
+                          f"[\"128/20\", \"512/80\"]") from None
+    for seq, pred in phases if config.data.phases else []:
+        if seq < 8 or seq > config.model.max_sequence_length or not 1 <= pred <= seq - 3:
+            raise ConfigError(
+                f"{source}: key data.phases = {config.data.phases!r}: phase {seq}/{pred} needs "
+                f"8 <= max_seq_length <= model.max_sequence_length "
+                f"({config.model.max_sequence_length}) and 1 <= max_predictions_per_seq <= "
+                f"max_seq_length - 3")
+
+
+def _init_from_problem(path: Path) -> str:
+    """Why `path` cannot be a model.init_from checkpoint ("" if it can)."""
+    if not path.exists():
+        return "does not exist"
+    if path.is_file():
+        return "" if path.suffix == ".keras" else "is a file but not a .keras file"
+    if (path / "config.json").is_file() or (path / "bert_config.json").is_file():
+        return ""
+    return "is a directory without config.json or bert_config.json"
+
+
+# The dataset formats each fine-tuning task reads.
+FINETUNE_DATASETS = {
+    "classification": ("brown_genre", "csv", "tsv", "jsonl", "glue"),
+    "regression": ("csv", "tsv", "jsonl", "glue"),
+    "token_classification": ("brown_pos", "conll"),
+    "question_answering": ("squad",),
+    "semantic_search": ("csv", "tsv", "jsonl"),
+}
+GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
+
+
+def _validate_finetune(config: Config, source: str) -> None:
+    fc = config.finetune
+    allowed = FINETUNE_DATASETS[fc.task]
+    if fc.dataset not in allowed:
+        raise ConfigError(f"{source}: key finetune.dataset = {fc.dataset!r} cannot feed "
+                          f"finetune.task = {fc.task!r}; choose one of: {', '.join(allowed)}")
+    if fc.dataset in ("csv", "tsv", "jsonl", "conll", "squad") and not fc.train_file:
+        raise ConfigError(f"{source}: key finetune.train_file is empty but finetune.dataset = "
+                          f"{fc.dataset!r}; set it to the training file")
+    if fc.dataset == "glue":
+        if fc.glue_task not in GLUE_TASK_NAMES:
+            raise ConfigError(f"{source}: key finetune.glue_task = {fc.glue_task!r} is not allowed; "
+                              f"choose one of: {', '.join(GLUE_TASK_NAMES)}")
+        if not fc.glue_dir:
+            raise ConfigError(f"{source}: key finetune.glue_dir is empty but finetune.dataset = "
+                              f"'glue'; set it to the GLUE download folder (glue_data/)")
+        regression_task = fc.glue_task == "sts-b"
+        if regression_task != (fc.task == "regression"):
+            raise ConfigError(f"{source}: key finetune.task = {fc.task!r} does not fit GLUE task "
+                              f"{fc.glue_task!r}; use task "
+                              f"{'regression' if regression_task else 'classification'}")
+    if fc.task == "semantic_search" and not fc.text_pair_column:
+        raise ConfigError(f"{source}: key finetune.text_pair_column is empty but finetune.task = "
+                          f"'semantic_search' trains on (text, text_pair) pairs; name the column "
+                          f"of each text's matching document")
+    if (fc.validation_file or fc.test_file) and fc.dataset not in ("csv", "tsv", "jsonl",
+                                                                    "conll", "squad"):
+        raise ConfigError(f"{source}: key finetune.validation_file / test_file only apply to "
+                          f"file datasets, not finetune.dataset = {fc.dataset!r}")
+    if fc.validation_fraction + fc.test_fraction >= 0.9:
+        raise ConfigError(f"{source}: key finetune.validation_fraction + test_fraction = "
+                          f"{fc.validation_fraction + fc.test_fraction} leaves too little to "
+                          f"train on; keep the sum below 0.9")
+    if fc.task == "question_answering" and fc.max_query_length + 3 >= fc.max_seq_length:
+        raise ConfigError(f"{source}: key finetune.max_query_length = {fc.max_query_length} leaves "
+                          f"no room for the context in finetune.max_seq_length = "
+                          f"{fc.max_seq_length}; lower it")
+    for item in fc.sweep:
+        key, _, values = item.partition("=")
+        if not values or key.strip() not in {f.name for f in dataclasses.fields(FinetuneConfig)}:
+            raise ConfigError(f"{source}: key finetune.sweep item {item!r} must look like "
+                              f"KEY=V1,V2 with KEY a finetune key (e.g. learning_rate=1e-4,3e-4)")
+
+
+# The ranges people use (Devlin et al. 2019, appendix A.3; Google's small-BERT README for
+# models below BERT-Base). Values outside them are allowed, with a warning.
+FINETUNE_USUAL = {
+    "learning_rate": (1e-5, 3e-4, "BERT-Base/Large use 2e-5..5e-5; Google's small BERTs "
+                                  "3e-5..3e-4"),
+    "batch_size": (8, 128, "16..128"),
+    "epochs": (2, 10, "2..10 (4 for Google's small BERTs)"),
+    "warmup_fraction": (0.0, 0.2, "0..0.2 (BERT: 0.1)"),
+}
+
+
+def finetune_warnings(config: Config) -> list[str]:
+    """Hyperparameters outside the usual BERT fine-tuning ranges (allowed, but worth a look)."""
+    out = []
+    for key, (low, high, usual) in FINETUNE_USUAL.items():
+        value = getattr(config.finetune, key)
+        if not low <= value <= high:
+            out.append(f"finetune.{key} = {value} is outside the usual range ({usual})")
+    return out
 
 
 def model_architecture(config: Config) -> dict:

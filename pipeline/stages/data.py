@@ -1,9 +1,20 @@
-"""Stage `data`: corpus + vocab → masked MLM/NSP TFRecords (Beam job `beam_jobs.pretraining_data`).
+"""Stage `data`: corpus + vocab → MLM + NSP/SOP TFRecords (Beam job `beam_jobs.pretraining_data`).
 
 Runs the Beam job once for the training documents and once for the held-out
 documents, into a temporary directory that replaces <run_dir>/data only when
 both are complete, then writes <run_dir>/data/stats.json (both splits' stats
 and the settings the records were made with; the pretrain stage checks them).
+
+Layout: one phase (the default) writes data/{train,eval}-*.tfrecord; with
+`data.phases` (e.g. ["128/20", "512/80"]) each phase has its own folder,
+data/phase1/, data/phase2/, … with the same files, from one reading of the corpus.
+stats.json then holds `phases`: [{"name", "dir", "max_seq_length",
+"max_predictions_per_seq", "train", "eval"}, …], and its `settings` describe phase 1.
+
+MLflow (child run `data`): every number of the stats as a metric (nested ones
+flattened: `train_length_histogram.1-16`, `train_skipped.empty_documents`;
+phases after the first prefixed `phase2.`), stats.json as an artifact (the settings
+are the config's `data.*` params, logged by the tracking module).
 """
 
 from __future__ import annotations
@@ -15,8 +26,50 @@ import mlflow
 from beam_jobs import pretraining_data
 from beam_jobs import vocab as vocab_job
 from pipeline import artifacts
+from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
+
+
+def job_args(config: Config, paths: Artifacts, split: str, output_dir: str) -> list[str]:
+    """The Beam job's command line for one split."""
+    dc = config.data
+    args = [
+        "--input", paths.corpus_glob(split),
+        "--output_dir", output_dir,
+        "--split", split,
+        "--vocab_file", str(paths.vocab_file),
+        "--lowercase", str(config.vocab.lowercase).lower(),
+        "--max_seq_length", str(dc.max_seq_length),
+        "--max_predictions_per_seq", str(dc.max_predictions_per_seq),
+        "--masked_lm_prob", str(dc.masked_lm_prob),
+        "--short_seq_prob", str(dc.short_seq_prob),
+        "--dupe_factor", str(dc.dupe_factor),
+        # The held-out split gets its own seed so its masks differ from training's.
+        "--seed", str(dc.seed if split == "train" else dc.seed + 1),
+        "--num_shards", str(dc.num_shards if split == "train" else 1),
+        "--group_size_mb", str(dc.group_size_mb),
+        "--objective", dc.objective,
+        "--whole_word_masking", str(dc.whole_word_masking).lower(),
+        "--masking", dc.masking,
+    ]
+    if dc.phases:
+        args += ["--phases", ",".join(f"{s}:{p}" for s, p in config_lib.data_phases(config))]
+    return args + list(dc.beam_args)
+
+
+def flat_metrics(stats: dict, prefix: str) -> dict:
+    """Numbers of a stats dict as MLflow metrics: nested dicts flattened with ".", settings,
+    strings and booleans left out (they are params)."""
+    metrics = {}
+    for key, value in stats.items():
+        if key == "settings":
+            continue
+        if isinstance(value, dict):
+            metrics.update(flat_metrics(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[f"{prefix}{key}"] = value
+    return metrics
 
 
 def run(config: Config, log=print) -> dict:
@@ -25,50 +78,63 @@ def run(config: Config, log=print) -> dict:
     artifacts.require(paths.vocab_file, "the vocab", "vocab")
     vocab_job.check_vocab(str(paths.vocab_file))
     dc = config.data
-    stats = {"settings": {
-        "max_seq_length": dc.max_seq_length,
-        "max_predictions_per_seq": dc.max_predictions_per_seq,
+    phases = config_lib.data_phases(config)
+    settings = {
+        "max_seq_length": phases[0][0],
+        "max_predictions_per_seq": phases[0][1],
         "masked_lm_prob": dc.masked_lm_prob,
         "short_seq_prob": dc.short_seq_prob,
         "dupe_factor": dc.dupe_factor,
         "seed": dc.seed,
+        "objective": dc.objective,
+        "whole_word_masking": dc.whole_word_masking,
+        "masking": dc.masking,
+        "group_size_mb": dc.group_size_mb,
         "lowercase": config.vocab.lowercase,
         "vocab_file": str(paths.vocab_file),
-    }}
+    }
+    stats: dict = {"settings": settings}
+    if dc.phases:
+        stats["phases"] = [{"name": f"phase{i + 1}", "dir": f"phase{i + 1}",
+                            "max_seq_length": seq, "max_predictions_per_seq": pred}
+                           for i, (seq, pred) in enumerate(phases)]
     with artifacts.atomic_dir(paths.data_dir) as tmp:
         for split in ("train", "eval"):
             if not paths.corpus_files(split):
                 raise artifacts.MissingArtifact(
                     f"no {split} text in {paths.corpus_dir / split}; run `make corpus` again")
-            stats[split] = pretraining_data.run([
-                "--input", paths.corpus_glob(split),
-                "--output_dir", str(tmp),
-                "--split", split,
-                "--vocab_file", str(paths.vocab_file),
-                "--lowercase", str(config.vocab.lowercase).lower(),
-                "--max_seq_length", str(dc.max_seq_length),
-                "--max_predictions_per_seq", str(dc.max_predictions_per_seq),
-                "--masked_lm_prob", str(dc.masked_lm_prob),
-                "--short_seq_prob", str(dc.short_seq_prob),
-                "--dupe_factor", str(dc.dupe_factor),
-                # The held-out split gets its own seed so its masks differ from training's.
-                "--seed", str(dc.seed if split == "train" else dc.seed + 1),
-                "--num_shards", str(dc.num_shards if split == "train" else 1),
-                "--docs_per_group", str(dc.docs_per_group),
-                *dc.beam_args,
-            ])
-            if not stats[split]["instances"]:
-                raise ValueError(
-                    f"the {split} split produced no instances ({stats[split].get('skipped')}); "
-                    f"the corpus is too small for data.max_seq_length = {dc.max_seq_length}")
+            result = pretraining_data.run(job_args(config, paths, split, str(tmp)))
+            per_phase = result["phases"] if dc.phases else [result]
+            for i, phase_stats in enumerate(per_phase):
+                if not phase_stats["instances"]:
+                    raise ValueError(
+                        f"the {split} split produced no instances ({phase_stats.get('skipped')}); "
+                        f"the corpus is too small for max_seq_length = "
+                        f"{phase_stats['settings']['max_seq_length']}")
+                if dc.phases:
+                    stats["phases"][i][split] = phase_stats
+            stats[split] = per_phase[0]
         (tmp / paths.data_stats.name).write_text(json.dumps(stats, indent=2))
     train, held = stats["train"], stats["eval"]
+    pair = (f"NSP random {train['nsp_random_fraction']:.3f}" if dc.objective == "nsp"
+            else f"SOP swapped {train['sop_swapped_fraction']:.3f}")
+    masks = (f"masked fraction {train['masked_fraction']:.3f}" if dc.masking == "static"
+             else "unmasked (dynamic masking in tf.data)")
+    where = (paths.data_dir if not dc.phases
+             else f"{paths.data_dir}/phase1..{len(phases)}")
     log(f"data: {train['instances']:,} training / {held['instances']:,} held-out instances, "
-        f"masked fraction {train['masked_fraction']:.3f}, NSP random {train['nsp_random_fraction']:.3f}"
-        f" -> {paths.data_dir}")
+        f"{masks}, {pair} -> {where}")
     if mlflow.active_run():
-        for split in ("train", "eval"):
-            mlflow.log_metrics({f"{split}_{key}": value for key, value in stats[split].items()
-                                if isinstance(value, (int, float)) and not isinstance(value, bool)})
-        mlflow.log_artifact(str(paths.data_stats), "data")
+        log_to_mlflow(stats, paths)
     return stats
+
+
+def log_to_mlflow(stats: dict, paths: Artifacts) -> None:
+    metrics = {}
+    for split in ("train", "eval"):
+        metrics.update(flat_metrics(stats[split], f"{split}_"))
+    for phase in stats.get("phases", [])[1:]:
+        for split in ("train", "eval"):
+            metrics.update(flat_metrics(phase[split], f"{phase['name']}.{split}_"))
+    mlflow.log_metrics(metrics)
+    mlflow.log_artifact(str(paths.data_stats), "data")

@@ -1,0 +1,235 @@
+"""Training throughput of our pretraining step vs Hugging Face transformers, and MFU, on this CPU.
+
+    make bench-train                        # BERT-mini and BERT-small, ~10 minutes on 2 cores
+    python bench/bench_train.py --models small --steps 5
+
+Same setup for every contender (the issue's): seq 128, batch 32, 20 masked positions per
+sequence, vocabulary 30,522, dropout 0.1, AdamW, float32; synthetic batches (random ids;
+the speed does not depend on the text) fed from memory.
+
+- ours: the pretrain stage's building blocks (pipeline/stages/pretrain.py: build_model,
+  build_optimizer, compile_model with our train step, gradient clipping), `model.fit` on a
+  repeated tf.data batch; MLM logits on the masked positions only. Also in mixed_bfloat16.
+- transformers: `BertForPreTraining` on PyTorch (eager, as users run it: vocabulary logits at
+  every position, loss on the masked ones via -100 labels), torch.optim.AdamW, clipping.
+- peak: the best rate of a large float32 (and bfloat16) matmul, timed in the same run
+  before and after the models (the higher of the two counts).
+
+tokens/s counts every position of every sequence (batch × 128 per step). MFU = our model
+FLOPs per second (models/flops.py: encoder, attention, MLM decoder on the masked positions,
+NSP; training = 3 × forward) / the matmul peak of the same dtype. The contenders alternate
+(ours, theirs, ours bf16, per model) and each is timed over `--steps` steps after
+`--warmup` untimed ones; the machine is shared, so rerun for stable figures.
+The last line reads `bench-train: vs-transformers <x> mfu <y>`: x = our float32 tokens/s
+over transformers' on BERT-small, y = our float32 MFU on BERT-small, in percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+VOCAB, SEQ, PREDICTIONS, BATCH = 30522, 128, 20, 32
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="mini,small", help="comma-separated presets")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per contender")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--no-bf16", dest="bf16", action="store_false")
+    parser.add_argument("--no-transformers", dest="transformers", action="store_false")
+    parser.add_argument("--jit", action="store_true", help="XLA for ours (default: off on CPU)")
+    parser.add_argument("--peak-seconds", type=float, default=2.0)
+    return parser.parse_args(argv)
+
+
+def synthetic(batch, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(999, VOCAB, (batch, SEQ)).astype("int32")
+    positions = np.sort(np.stack([rng.choice(np.arange(1, SEQ - 1), PREDICTIONS, replace=False)
+                                  for _ in range(batch)]), axis=1).astype("int32")
+    labels = np.take_along_axis(ids, positions, axis=1)
+    ids_masked = ids.copy()
+    np.put_along_axis(ids_masked, positions, 103, axis=1)
+    segments = (np.arange(SEQ)[None, :] >= SEQ // 2).repeat(batch, 0).astype("int32")
+    nsp = rng.integers(0, 2, batch).astype("int32")
+    return dict(ids=ids_masked, segments=segments, positions=positions, labels=labels, nsp=nsp)
+
+
+def bench_ours(preset, data, steps, warmup, precision="float32", jit=False):
+    import keras
+    import tensorflow as tf
+
+    from pipeline import config as config_lib
+    from pipeline.stages import pretrain
+
+    batch = len(data["ids"])
+    config = config_lib.load(None, [
+        f"model.preset={preset}", "model.dropout=0.1", f"train.batch_size={batch}",
+        f"train.steps={warmup + steps}", "train.warmup_steps=1", "train.learning_rate=0.0001",
+        f"train.precision={precision}", f"train.jit_compile={'true' if jit else 'false'}",
+        f"data.max_seq_length={SEQ}", f"data.max_predictions_per_seq={PREDICTIONS}"])
+    keras.utils.set_random_seed(0)
+    model = pretrain.build_model(config, VOCAB)
+    optimizer = pretrain.build_optimizer(config.train)
+    pretrain.compile_model(model, optimizer, config.train.jit_compile)
+    optimizer.build(model.trainable_variables)
+    x = {"token_ids": data["ids"], "segment_ids": data["segments"],
+         "padding_mask": np.ones_like(data["ids"]), "mask_positions": data["positions"]}
+    y = {"mlm": data["labels"], "nsp": data["nsp"]}
+    sw = {"mlm": np.ones(data["labels"].shape, "float32"), "nsp": np.ones(batch, "float32")}
+    dataset = tf.data.Dataset.from_tensors((x, y, sw)).map(pretrain.normalize_mlm_weights)
+    dataset = dataset.cache().repeat().prefetch(2)
+
+    times = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch_index, logs=None):
+            times.append(time.perf_counter())
+
+    model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[Clock()],
+              shuffle=False)
+    elapsed = times[-1] - times[warmup - 1]
+    loss = float(np.ravel(model.get_metrics_result()["loss"])[0])
+    return {"tokens_per_second": steps * batch * SEQ / elapsed, "seconds_per_step":
+            elapsed / steps, "loss": loss, "parameters": model.count_params()}
+
+
+def bench_transformers(preset, data, steps, warmup):
+    import torch
+    import transformers
+
+    from models import presets
+
+    arch = presets.PRESETS[preset]
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=arch["hidden_dim"], num_hidden_layers=arch["num_layers"],
+        num_attention_heads=arch["num_heads"], intermediate_size=arch["intermediate_dim"],
+        hidden_act="gelu", max_position_embeddings=512, type_vocab_size=2)
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(config)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
+    ids = torch.tensor(data["ids"], dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    labels.scatter_(1, torch.tensor(data["positions"], dtype=torch.long),
+                    torch.tensor(data["labels"], dtype=torch.long))
+    batch = dict(input_ids=ids, token_type_ids=torch.tensor(data["segments"], dtype=torch.long),
+                 attention_mask=torch.ones_like(ids), labels=labels,
+                 next_sentence_label=torch.tensor(data["nsp"], dtype=torch.long))
+    times = []
+    for _ in range(warmup + steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        times.append(time.perf_counter())
+    elapsed = times[-1] - times[warmup - 1]
+    return {"tokens_per_second": steps * len(ids) * SEQ / elapsed,
+            "seconds_per_step": elapsed / steps, "loss": float(loss.detach()),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}
+
+
+def transformers_missing() -> str:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as err:
+        return (f"{err.name} is not installed ({err}); install the bench extra: pip install "
+                f"torch==2.13.0 transformers (the CPU wheel of torch)")
+    return ""
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import tensorflow as tf
+
+    from models import presets
+    from models.flops import training_flops_per_token
+    from pipeline.stages.pretrain import measure_peak_flops
+
+    missing = transformers_missing() if args.transformers else "skipped (--no-transformers)"
+    if missing:
+        print(f"bench-train: transformers: {missing}; reporting ours alone", flush=True)
+    print(f"bench-train: {os.cpu_count()} CPUs, TensorFlow {tf.__version__}; seq {SEQ}, batch "
+          f"{args.batch}, {PREDICTIONS} masked positions, vocab {VOCAB}, {args.steps} timed steps",
+          flush=True)
+    peaks = {"float32": measure_peak_flops(args.peak_seconds, tf.float32)}
+    if args.bf16:
+        peaks["bfloat16"] = measure_peak_flops(args.peak_seconds, tf.bfloat16)
+    print("bench-train: matmul peak " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s"
+                                                  for k, v in peaks.items()), flush=True)
+    data = synthetic(args.batch)
+    results = {}
+    for preset in args.models.split(","):
+        arch = presets.PRESETS[preset]
+        per_token = training_flops_per_token(
+            num_layers=arch["num_layers"], hidden_dim=arch["hidden_dim"],
+            intermediate_dim=arch["intermediate_dim"], vocabulary_size=VOCAB, seq_length=SEQ,
+            num_predictions=PREDICTIONS)
+        row = {"flops_per_token": per_token}
+        row["ours"] = bench_ours(preset, data, args.steps, args.warmup, jit=args.jit)
+        report(preset, "ours float32", row["ours"], per_token)
+        if not missing:
+            row["transformers"] = bench_transformers(preset, data, args.steps, args.warmup)
+            report(preset, "transformers float32", row["transformers"], per_token,
+                   note=row["transformers"]["versions"])
+        if args.bf16:
+            row["ours_bf16"] = bench_ours(preset, data, args.steps, args.warmup,
+                                          precision="mixed_bfloat16", jit=args.jit)
+            report(preset, "ours mixed_bfloat16", row["ours_bf16"], per_token)
+        results[preset] = row
+
+    # The peak again after the models (the machine's load changes): the higher one counts.
+    peaks["float32"] = max(peaks["float32"], measure_peak_flops(args.peak_seconds, tf.float32))
+    if args.bf16:
+        peaks["bfloat16"] = max(peaks["bfloat16"],
+                                measure_peak_flops(args.peak_seconds, tf.bfloat16))
+    print("bench-train: matmul peak (best of before/after) " + ", ".join(
+        f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()), flush=True)
+    print(f"{'model':<7}{'contender':<22}{'tokens/s':>10}{'s/step':>8}{'model GFLOP/s':>15}"
+          f"{'MFU':>7}{'vs transformers':>17}{'bf16/fp32':>11}")
+    for preset, row in results.items():
+        theirs = row.get("transformers", {}).get("tokens_per_second")
+        for name, key, dtype in (("ours float32", "ours", "float32"),
+                                 ("transformers float32", "transformers", "float32"),
+                                 ("ours mixed_bfloat16", "ours_bf16", "bfloat16")):
+            if key not in row:
+                continue
+            tps = row[key]["tokens_per_second"]
+            rate = tps * row["flops_per_token"]
+            row[key]["mfu"] = rate / peaks[dtype]
+            ratio = f"{tps / theirs:.2f}x" if theirs and key != "transformers" else "-"
+            bf16 = (f"{tps / row['ours']['tokens_per_second']:.2f}x" if key == "ours_bf16"
+                    else "-")
+            print(f"{preset:<7}{name:<22}{tps:>10,.0f}{row[key]['seconds_per_step']:>8.2f}"
+                  f"{rate / 1e9:>15,.1f}{row[key]['mfu']:>7.1%}{ratio:>17}{bf16:>11}")
+    summary = results.get("small") or results[list(results)[-1]]
+    theirs = summary.get("transformers", {}).get("tokens_per_second")
+    vs = f"{summary['ours']['tokens_per_second'] / theirs:.2f}" if theirs else "n/a"
+    print(f"bench-train: vs-transformers {vs} mfu {100 * summary['ours']['mfu']:.1f}", flush=True)
+    return {"peaks": peaks, "results": results}
+
+
+def report(preset, name, result, per_token, note=""):
+    rate = per_token * result["tokens_per_second"] / 1e9
+    print(f"bench-train: {preset} {name}: {result['tokens_per_second']:,.0f} tokens/s "
+          f"({result['seconds_per_step']:.2f} s/step, {rate:,.1f} model GFLOP/s, loss "
+          f"{result['loss']:.3f}, {result['parameters']:,} parameters)"
+          + (f" [{note}]" if note else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""Training at scale on one process: gradient accumulation, clipping, mixed precision, the
+non-finite-loss and out-of-memory guards, resume with the data position, LAMB, FLOPs/MFU,
+and the GPU benchmark script running without TensorFlow.
+
+The data is written by `write_pretraining_data` (synthetic records in the TFRecord schema
+and a Google-layout vocab: milliseconds, no Beam), so these tests exercise training only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from beam_jobs import schema
+from pipeline import artifacts, config as config_lib, strategy as strategy_lib
+from pipeline.stages import pretrain
+
+PROJECT = artifacts.PROJECT_ROOT
+SEQ, PREDICTIONS = 32, 5
+
+
+def write_pretraining_data(run_dir, train_files=2, records_per_file=48, eval_records=16,
+                           full_weights=False, seed=0) -> int:
+    """A vocab and train/eval TFRecords as the data stage writes them; returns the vocab size.
+
+    Sequences of 12..SEQ tokens ([CLS] A [SEP] B [SEP]), 15% of them masked (1..PREDICTIONS
+    predictions, or all PREDICTIONS slots real with `full_weights`), random NSP labels.
+    """
+    paths = artifacts.Artifacts(run_dir)
+    vocab = (["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]",
+             "[MASK]"] + [f"w{i}" for i in range(200)])
+    paths.vocab_file.parent.mkdir(parents=True, exist_ok=True)
+    paths.vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    rng = np.random.default_rng(seed)
+
+    def instance():
+        n = int(rng.integers(12, SEQ + 1))
+        split = int(rng.integers(2, n - 3))
+        ids = [101] + list(rng.integers(104, len(vocab), split - 1)) + [102]
+        ids += list(rng.integers(104, len(vocab), n - split - 2)) + [102]
+        segments = [0] * (split + 1) + [1] * (n - split - 1)
+        candidates = [i for i, t in enumerate(ids) if t not in (101, 102)]
+        count = PREDICTIONS if full_weights else min(PREDICTIONS, max(1, round(n * 0.15)))
+        positions = sorted(rng.choice(candidates, count, replace=False).tolist())
+        labels = [int(ids[p]) for p in positions]
+        for p in positions:
+            ids[p] = 103
+        return dict(input_ids=[int(t) for t in ids], input_mask=[1] * n, segment_ids=segments,
+                    masked_lm_positions=positions, masked_lm_ids=labels,
+                    masked_lm_weights=[1.0] * count,
+                    next_sentence_labels=[int(rng.integers(0, 2))])
+
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    shards = [(f"train-{i:05d}-of-{train_files:05d}.tfrecord", records_per_file)
+              for i in range(train_files)] + [("eval-00000-of-00001.tfrecord", eval_records)]
+    for name, count in shards:
+        with tf.io.TFRecordWriter(str(paths.data_dir / name)) as writer:
+            for _ in range(count):
+                writer.write(schema.serialize(instance(), SEQ, PREDICTIONS))
+    paths.data_stats.write_text(json.dumps({
+        "settings": {"max_seq_length": SEQ, "max_predictions_per_seq": PREDICTIONS},
+        "train": {"instances": train_files * records_per_file},
+        "eval": {"instances": eval_records}}))
+    return len(vocab)
+
+
+def tiny_config(run_dir, *overrides):
+    """configs/test_tiny.yaml (1 layer, hidden 32), dropout off, no peak probe, quick eval."""
+    return config_lib.load("configs/test_tiny.yaml", [
+        f"run_dir={run_dir}", "model.dropout=0", "train.peak_flops_seconds=0",
+        "train.eval_batches=1", "train.log_every=1", *overrides])
+
+
+def no_export(monkeypatch):
+    """The SavedModel export takes ~10 s here and is tested elsewhere (test_pipeline_e2e)."""
+    monkeypatch.setattr(pretrain, "export", lambda model, paths: None)
+
+
+def fit_blocks(config, vocabulary_size, batches, updates):
+    """The stage's building blocks on `batches` for `updates` optimizer updates."""
+    tc = config.train
+    keras.utils.set_random_seed(7)
+    model = pretrain.build_model(config, vocabulary_size)
+    optimizer = pretrain.build_optimizer(tc)
+    pretrain.compile_model(model, optimizer, tc.jit_compile)
+    optimizer.build(model.trainable_variables)
+    logger = pretrain.StepLogger(1, updates, tc.batch_size, SEQ, log=lambda line: None,
+                                 to_mlflow=False,
+                                 examples_per_update=tc.batch_size * tc.grad_accum_steps)
+    model.fit(batches.repeat(), steps_per_epoch=updates * tc.grad_accum_steps, epochs=1,
+              callbacks=[logger], shuffle=False, verbose=0)
+    return model, logger.history
+
+
+def ordered_batches(run_dir, batch_size):
+    paths = artifacts.Artifacts(run_dir)
+    from pipeline import inputs
+
+    return inputs.pretraining_dataset(paths.shard_pattern("train"), batch_size, SEQ, PREDICTIONS,
+                                      training=False).map(pretrain.normalize_mlm_weights)
+
+
+def test_grad_accumulation_matches_the_large_batch(tmp_path, optimizer="adamw"):
+    """2 micro-batches of 4 accumulated = one batch of 8: same updates, LR, grad norm, clipping."""
+    vocabulary_size = write_pretraining_data(tmp_path / "run", full_weights=True)
+    # clipnorm 0.5 is below every gradient norm here: clipping is active on every update.
+    args = ["train.steps=3", "train.warmup_steps=1", "train.clipnorm=0.5",
+            f"train.optimizer={optimizer}"]
+    large = tiny_config(tmp_path / "run", *args, "train.batch_size=8")
+    accumulated = tiny_config(tmp_path / "run", *args, "train.batch_size=4",
+                              "train.grad_accum_steps=2")
+    model_a, history_a = fit_blocks(large, vocabulary_size, ordered_batches(tmp_path / "run", 8), 3)
+    model_b, history_b = fit_blocks(accumulated, vocabulary_size,
+                                    ordered_batches(tmp_path / "run", 4), 3)
+
+    # train.steps counts optimizer updates: 3 updates from 6 micro-batches.
+    assert pretrain.global_step(model_a) == pretrain.global_step(model_b) == 3
+    assert [s for s, _ in history_a] == [s for s, _ in history_b] == [1, 2, 3]  # once per update
+    for (_, a), (_, b) in zip(history_a, history_b):
+        assert a["grad_norm"] > 0.5  # so the clipping did something
+        np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
+        np.testing.assert_allclose(b["learning_rate"], a["learning_rate"], rtol=1e-6)
+    # The schedule is in updates: warmup 1, linear decay to 0 at update 3.
+    assert [round(m["learning_rate"] / 1e-3, 6) for _, m in history_a] == [1.0, 0.5, 0.0]
+    for a, b in zip(model_a.get_weights(), model_b.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_trains_with_finite_loss(tmp_path, precision):
+    vocabulary_size = write_pretraining_data(tmp_path / "run")
+    config = tiny_config(tmp_path / "run", "train.steps=3", "train.warmup_steps=1",
+                         f"train.precision={precision}")
+    model, history = fit_blocks(config, vocabulary_size, ordered_batches(tmp_path / "run", 8), 3)
+    assert model.backbone.dtype_policy.compute_dtype == precision.replace("mixed_", "")
+    assert all(w.dtype == "float32" for w in model.weights)  # variables stay float32
+    if precision == "mixed_float16":
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert pretrain.global_step(model) == 3
+    for _, metrics in history:
+        assert np.isfinite(metrics["loss"]) and 5.0 < metrics["loss"] < 8.0
+        assert 0.1 < metrics["grad_norm"] < 50  # unscaled (float16: loss scale 2**15 removed)
+
+
+@pytest.mark.slow
+def test_xla_compiled_steps_match_plain_ones(tmp_path):
+    vocabulary_size = write_pretraining_data(tmp_path / "run")
+    runs = {}
+    for jit in ("false", "true"):
+        config = tiny_config(tmp_path / "run", "train.steps=2", "train.warmup_steps=1",
+                             f"train.jit_compile={jit}")
+        model, history = fit_blocks(config, vocabulary_size, ordered_batches(tmp_path / "run", 8),
+                                    2)
+        assert model.jit_compile is (jit == "true")
+        runs[jit] = [m["loss"] for _, m in history]
+    np.testing.assert_allclose(runs["true"], runs["false"], rtol=1e-4)
+
+
+def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
+    """6 steps straight vs 3 steps, killed, resumed for 3: the same batches and losses."""
+    no_export(monkeypatch)
+    write_pretraining_data(tmp_path / "straight")
+    write_pretraining_data(tmp_path / "killed")
+    args = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2"]
+    straight = pretrain.run(tiny_config(tmp_path / "straight", *args), log=lambda line: None)
+
+    class Killed(Exception):
+        pass
+
+    save = pretrain.Checkpointer.save
+
+    def save_then_die(self):
+        save(self)
+        if pretrain.global_step(self.model) == 3:
+            raise Killed
+
+    monkeypatch.setattr(pretrain.Checkpointer, "save", save_then_die)
+    with pytest.raises(Killed):
+        pretrain.run(tiny_config(tmp_path / "killed", *args), log=lambda line: None)
+    monkeypatch.setattr(pretrain.Checkpointer, "save", save)
+    lines = []
+    resumed = pretrain.run(tiny_config(tmp_path / "killed", *args), log=lines.append)
+
+    assert resumed["start_step"] == 3 and resumed["step"] == 6
+    assert any("skipping the 3 batches consumed before step 3" in line for line in lines)
+    expected = {step: m for step, m in straight["history"] if step > 3}
+    assert [step for step, _ in resumed["history"]] == [4, 5, 6]
+    for step, metrics in resumed["history"]:
+        for key in ("loss", "mlm_loss", "nsp_loss", "grad_norm", "learning_rate"):
+            np.testing.assert_allclose(metrics[key], expected[step][key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(resumed["eval_loss"], straight["eval_loss"], rtol=1e-5)
+
+
+def test_non_finite_loss_stops_without_overwriting_the_last_checkpoint(tmp_path, monkeypatch):
+    no_export(monkeypatch)
+    write_pretraining_data(tmp_path / "run")
+    paths = artifacts.Artifacts(tmp_path / "run")
+    pretrain.run(tiny_config(tmp_path / "run", "train.steps=2", "train.checkpoint_every=2",
+                             "train.warmup_steps=0"), log=lambda line: None)
+    assert pretrain.latest_checkpoint(paths.checkpoint_dir)[0] == 2
+    before = (paths.checkpoint_dir / "ckpt-00000002.weights.h5").read_bytes()
+    # An absurd learning rate without clipping: the weights overflow, the loss becomes NaN.
+    diverging = tiny_config(tmp_path / "run", "train.steps=8", "train.checkpoint_every=1",
+                            "train.warmup_steps=0", "train.learning_rate=1.0e+38",
+                            "train.clipnorm=0")
+    with pytest.raises(pretrain.PretrainError) as err:
+        pretrain.run(diverging, log=lambda line: None)
+    message = str(err.value)
+    assert "training stopped at step" in message and "not finite" in message
+    for knob in ("train.learning_rate", "train.clipnorm", "train.precision"):
+        assert knob in message
+    bad_step = int(message.split("training stopped at step ")[1].split(":")[0])
+    last_good, path = pretrain.latest_checkpoint(paths.checkpoint_dir)
+    assert 2 <= last_good < bad_step  # nothing written at or after the bad step
+    assert f"{path.name} (step {last_good}) is kept" in message
+    assert (paths.checkpoint_dir / "ckpt-00000002.weights.h5").read_bytes() == before
+    assert not paths.model_keras.exists()
+
+
+def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
+    write_pretraining_data(tmp_path / "run")
+
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(pretrain.models.BertPretrainer, "fit", out_of_memory)
+    with pytest.raises(pretrain.PretrainError) as err:
+        pretrain.run(tiny_config(tmp_path / "run"), log=lambda line: None)
+    message = str(err.value)
+    assert message.startswith("out of memory")
+    for knob in ("train.batch_size=4 train.grad_accum_steps=2", "train.precision=mixed_bfloat16",
+                 "data.max_seq_length"):
+        assert knob in message
+
+
+def test_stage_logs_throughput_grad_norm_and_mfu(tmp_path, monkeypatch):
+    no_export(monkeypatch)
+    write_pretraining_data(tmp_path / "run")
+    lines = []
+    result = pretrain.run(tiny_config(tmp_path / "run", "train.steps=2", "train.warmup_steps=1",
+                                      "train.grad_accum_steps=2", "train.peak_flops_seconds=0.2",
+                                      "train.optimizer=lamb"), log=lines.append)
+    assert any(line.startswith("pretrain: peak ") and "GFLOP/s" in line for line in lines)
+    assert any("batch 8 × 2 accumulated" in line for line in lines)
+    assert [step for step, _ in result["history"]] == [1, 2]
+    for _, metrics in result["history"]:
+        for key in ("grad_norm", "examples_per_second", "tokens_per_second", "mfu"):
+            assert metrics[key] > 0, key
+        np.testing.assert_allclose(metrics["tokens_per_second"],
+                                   metrics["examples_per_second"] * SEQ)
+    assert len(result["weights_sha256"]) == 64
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    from models.flops import training_flops_per_token
+
+    L, H, I, V, S, P = 4, 512, 2048, 30522, 128, 20
+    encoder = models_encoder_params(L, H, I)
+    per_token = training_flops_per_token(num_layers=L, hidden_dim=H, intermediate_dim=I,
+                                         vocabulary_size=V, seq_length=S, num_predictions=P)
+    heads = 6 * (P * (H * H + H * V) + H * H + 2 * H) / S
+    np.testing.assert_allclose(per_token, 6 * encoder + 12 * L * S * H + heads)
+
+
+def models_encoder_params(layers, hidden, intermediate):
+    """Matmul parameters of the Transformer layers (no embeddings, biases or LayerNorms)."""
+    from models.bert import BertEncoder
+
+    encoder = BertEncoder(vocabulary_size=10, num_layers=layers, num_heads=hidden // 64,
+                          hidden_dim=hidden, intermediate_dim=intermediate,
+                          max_sequence_length=8)
+    return sum(int(np.prod(w.shape)) for w in encoder.weights
+               if "transformer_layer" in w.path and "kernel" in w.path)
+
+
+def test_strategy_helpers(monkeypatch):
+    cluster = {"worker": ["a:1", "b:2"]}
+    cases = [(None, True), ({"cluster": cluster, "task": {"type": "worker", "index": 0}}, True),
+             ({"cluster": cluster, "task": {"type": "worker", "index": 1}}, False),
+             ({"cluster": {"chief": ["c:0"], **cluster}, "task": {"type": "worker", "index": 0}},
+              False),
+             ({"cluster": {"chief": ["c:0"], **cluster}, "task": {"type": "chief", "index": 0}},
+              True),
+             ({"cluster": cluster, "task": {"type": "evaluator", "index": 0}}, False)]
+    for tf_config, chief in cases:
+        if tf_config is None:
+            monkeypatch.delenv("TF_CONFIG", raising=False)
+        else:
+            monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+        assert strategy_lib.is_chief() is chief, tf_config
+    assert strategy_lib.num_workers() == 2
+
+    class ThreeReplicas:
+        num_replicas_in_sync = 3
+
+    assert strategy_lib.per_replica_batch(12, ThreeReplicas()) == 4
+    with pytest.raises(strategy_lib.StrategyError, match="train.batch_size = 8 .* 3 replicas"):
+        strategy_lib.per_replica_batch(8, ThreeReplicas())
+
+
+def test_gpu_bench_runs_tiny_without_tensorflow():
+    """bench/gpu_bench.py on a non-TensorFlow Keras backend, with TensorFlow made unimportable
+    (as on the GPU machine): it must run from models/ alone."""
+    backend = next((b for b in ("jax", "torch") if _importable(b)), None)
+    if backend is None:
+        pytest.skip("neither jax nor torch is installed for a non-TensorFlow Keras backend")
+    code = ("import sys, runpy\n"
+            "sys.modules['tensorflow'] = sys.modules['tensorflow_text'] = None\n"
+            "sys.argv = ['gpu_bench.py', '--tiny']\n"
+            "runpy.run_path('bench/gpu_bench.py', run_name='__main__')\n")
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(PROJECT))
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert f"on {backend}" in lines[0] and "TensorFlow imported: False" in lines[0]
+    assert lines[-1].startswith("gpu-bench: ") and " seq/s mfu " in lines[-1]
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
