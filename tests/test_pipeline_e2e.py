@@ -61,6 +61,10 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
         assert key in pretrain_run.data.metrics, key
     artifacts_logged = {a.path for a in client.list_artifacts(pretrain_run.info.run_id, "model")}
     assert "model/model.keras" in artifacts_logged
+    plots = {a.path for a in client.list_artifacts(pretrain_run.info.run_id, "plots")}
+    assert "plots/training_curves.png" in plots
+    attention = [a.path for a in client.list_artifacts(pretrain_run.info.run_id, "plots/attention")]
+    assert attention and all(p.endswith(".png") for p in attention)
 
     # Re-run with more steps: the upstream stages are reused, training resumes at step 6.
     assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=9"]) == 0

@@ -700,8 +700,39 @@ def run(config: Config, log=print) -> dict:
             mlflow.log_artifact(str(paths.pretrain_config), "pretrain")
             mlflow.log_artifact(str(paths.model_keras), "model")
             mlflow.log_artifacts(str(paths.saved_model), "model/saved_model")
+            review_plots(model, config, paths, logger.history, log)
     return {"parameters": params, "start_step": start_step, "weights_sha256": digest,
             "history": logger.history, **results}
+
+
+def review_plots(model, config: Config, paths: Artifacts, history: list, log=print) -> None:
+    """Images for reviewers in the MLflow UI: the loss curves of this run and attention maps of
+    a few fixed probe sentences. A plotting failure is reported, never fatal to a finished run."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        if history:
+            figure = Figure(figsize=(9, 3.5))
+            FigureCanvasAgg(figure)
+            steps = [step for step, _ in history]
+            for index, keys in enumerate((("loss", "mlm_loss", "nsp_loss"),
+                                          ("mlm_accuracy", "nsp_accuracy"))):
+                axes = figure.add_subplot(1, 2, index + 1)
+                for key in keys:
+                    axes.plot(steps, [m.get(key, float("nan")) for _, m in history], label=key)
+                axes.set_xlabel("step")
+                axes.legend()
+            figure.tight_layout()
+            mlflow.log_figure(figure, "plots/training_curves.png")
+        from pipeline import inspect as inspect_lib
+
+        out_dir = paths.pretrain_dir / "attention"
+        inspect_lib.log_attention_probes(model, paths.vocab_file, out_dir,
+                                         lowercase=config.vocab.lowercase)
+        mlflow.log_artifacts(str(out_dir), "plots/attention")
+    except Exception as err:  # noqa: BLE001 - the model is already saved; plots are extras
+        log(f"pretrain: could not draw the review plots: {err!r}")
 
 
 def export(model, paths: Artifacts) -> None:
