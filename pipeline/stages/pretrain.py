@@ -528,10 +528,10 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
     vocabulary_size = sum(1 for _ in open(paths.vocab_file, encoding="utf-8"))
     stats = json.loads(artifacts.require(paths.data_stats, "the pretraining data", "data").read_text())
     made = stats["settings"]
-    for key in ("max_seq_length", "max_predictions_per_seq"):
-        if made[key] != getattr(config.data, key):
+    for key in ("max_seq_length", "max_predictions_per_seq", "masking"):
+        if made.get(key, "static") != getattr(config.data, key):
             raise PretrainError(
-                f"the TFRecords in {paths.data_dir} were made with data.{key} = {made[key]}, but the "
+                f"the TFRecords in {paths.data_dir} were made with data.{key} = {made.get(key, 'static')}, but the "
                 f"config says {getattr(config.data, key)}; run `make data` again with this config")
     if config.data.max_seq_length > config.model.max_sequence_length:
         raise PretrainError(f"data.max_seq_length {config.data.max_seq_length} exceeds "
