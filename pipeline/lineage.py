@@ -36,14 +36,18 @@ STAGE_CODE = {
              "beam_jobs/transforms.py", "beam_jobs/schema.py"],
     "pretrain": ["pipeline/stages/pretrain.py", "pipeline/inputs.py", "beam_jobs/schema.py",
                  "models/*.py"],
+    "finetune": ["pipeline/stages/finetune.py", "pipeline/finetune_data.py", "pipeline/metrics.py",
+                 "models/*.py"],
 }
 STAGE_CONFIG = {
     "corpus": ["corpus"],
     "vocab": ["vocab"],
     "data": ["data", "vocab.lowercase"],
     "pretrain": ["model", "train", "data.max_seq_length", "data.max_predictions_per_seq"],
+    "finetune": ["finetune"],
 }
-UPSTREAM = {"corpus": [], "vocab": ["corpus"], "data": ["corpus", "vocab"], "pretrain": ["data"]}
+UPSTREAM = {"corpus": [], "vocab": ["corpus"], "data": ["corpus", "vocab"], "pretrain": ["data"],
+            "finetune": ["pretrain"]}
 MARKER = ".stage.json"
 
 
@@ -55,7 +59,7 @@ def sha256_bytes(data: bytes) -> str:
 
 def output_dir(stage: str, paths: Artifacts) -> Path:
     return {"corpus": paths.corpus_dir, "vocab": paths.vocab_dir, "data": paths.data_dir,
-            "pretrain": paths.pretrain_dir}[stage]
+            "pretrain": paths.pretrain_dir, "finetune": paths.finetune_root}[stage]
 
 
 def code_hash(stage: str) -> str:
@@ -95,6 +99,8 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
         stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
         return {"corpus_files": sha256_bytes(json.dumps(stats).encode()),
                 "corpus_file_count": len(files)}
+    if stage == "finetune":
+        return None  # fine-tuning always runs (its inputs: any model, any labelled set)
     if stage == "vocab":
         if config.vocab.from_file:
             given = Path(config.vocab.from_file)
