@@ -403,6 +403,11 @@ def _coerce(value, hint, key: str, source: str):
             raise bad("an integer")
         return int(value)
     if hint is float:
+        if isinstance(value, str):  # YAML reads "1e-4" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad("a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number")
         return float(value)

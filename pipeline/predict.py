@@ -214,7 +214,7 @@ class Predictor:
             import models.heads  # noqa: F401 - registers the task models
             from pipeline.finetune_data import TextPreprocessor, read_vocab
 
-            self._model = keras.models.load_model(self.paths.model_keras)
+            self._model = keras.models.load_model(self.paths.model_keras, compile=False)
             self._pre = TextPreprocessor(read_vocab(self.paths.vocab_file),
                                          self.info["lowercase"], self.info["max_seq_length"])
         return self._model, self._pre

@@ -56,3 +56,10 @@ def test_dump_round_trips(tmp_path):
     config = config_lib.load(None, ["train.steps=700"])
     path = write(tmp_path, config_lib.dump_yaml(config))
     assert config_lib.load(path) == config
+
+
+def test_exponent_floats_from_the_command_line():
+    config = config_lib.load(None, ["train.learning_rate=1e-4", "train.steps=2000"])
+    assert config.train.learning_rate == 1e-4
+    with pytest.raises(ConfigError, match="train.learning_rate = 'fast' is not a number"):
+        config_lib.load(None, ["train.learning_rate=fast"])

@@ -217,6 +217,7 @@ def test_question_answering_squad_v2(tmp_path, encoder_files):
     assert isinstance(rows[0]["answer"], str)
 
 
+@pytest.mark.slow  # ~30-60 s: two-tower training + export; the heads and metrics have fast tests
 def test_semantic_search_bi_encoder_and_search_command(tmp_path, encoder_files):
     rng = random.Random(4)
     rows = [{"query": f"{a} {b}", "doc": f"the {a} saw the {b} ."}

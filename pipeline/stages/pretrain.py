@@ -576,7 +576,7 @@ def training_data(config: Config, paths: Artifacts, start_step: int, log=print):
         training=True, seed=tc.seed + (start_step if reseed else 0),
         shuffle_buffer=tc.shuffle_buffer, **masking_args(config, paths))
     consumed = start_step * tc.grad_accum_steps
-    if consumed and not reseed:
+    if consumed and not reseed and start_step < tc.steps:
         log(f"pretrain: skipping the {consumed:,} batches consumed before step {start_step}")
         data = data.skip(consumed)
     data = data.map(normalize_mlm_weights, num_parallel_calls=tf.data.AUTOTUNE)
