@@ -310,8 +310,8 @@ def test_gpu_bench_runs_tiny_without_tensorflow():
     """bench/gpu_bench.py on a non-TensorFlow Keras backend, with TensorFlow made unimportable
     (as on the GPU machine): it must run from models/ alone."""
     backend = next((b for b in ("jax", "torch") if _importable(b)), None)
-    if backend is None:
-        pytest.skip("neither jax nor torch is installed for a non-TensorFlow Keras backend")
+    assert backend is not None, ("torch (requirements-test.txt, installed by `make test`) is "
+                                 "needed to run the GPU benchmark on a non-TensorFlow backend")
     code = ("import sys, runpy\n"
             "sys.modules['tensorflow'] = sys.modules['tensorflow_text'] = None\n"
             "sys.argv = ['gpu_bench.py', '--tiny']\n"
