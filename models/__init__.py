@@ -5,9 +5,9 @@
     ['base', 'large']
 """
 
-from models import presets, schedules
+from models import params, presets, schedules
 from models.bert import BertEncoder
 from models.pretraining import BertPretrainer, build_pretrainer, mlm_loss, nsp_loss
 
-__all__ = ["BertEncoder", "BertPretrainer", "build_pretrainer", "mlm_loss", "nsp_loss", "presets",
-           "schedules"]
+__all__ = ["BertEncoder", "BertPretrainer", "build_pretrainer", "mlm_loss", "nsp_loss", "params",
+           "presets", "schedules"]

@@ -12,6 +12,18 @@ things keras-hub hard-codes are arguments here:
   difference on a real Hugging Face checkpoint, the matched one ~2.6e-6).
 - `layer_norm_epsilon`: 1e-12 as in BERT.
 
+Two ALBERT options (Lan et al. 2019), both off by default (then the model is BERT):
+
+- `embedding_dim` (factorized embedding parameterization): the token, position and
+  segment embeddings and their LayerNorm have width E, and a Dense E -> H
+  (`embedding_projection`) after the embedding dropout feeds the Transformer, as in
+  keras-hub's `AlbertBackbone`. The vocabulary table costs V·E instead of V·H. `None`
+  (or E = H) means no projection: exactly BERT's layers.
+- `share_layers` (cross-layer parameter sharing): one `TransformerEncoder`
+  (`transformer_layer_shared`) is applied `num_layers` times; `transformer_layers`
+  lists it `num_layers` times (the same object), so code that walks the layers still
+  sees every application.
+
 Only Keras 3 / keras-hub layers and `keras.ops` are used (no `tf.*`), so the
 model also runs with `KERAS_BACKEND=jax` or `torch`.
 
@@ -91,6 +103,10 @@ class BertEncoder(keras_hub.models.Backbone):
         activation: str. `"gelu_approximate"` (tanh GELU, Google / keras-hub),
             `"gelu"` (exact erf GELU, Hugging Face) or `"relu"`.
         layer_norm_epsilon: float. Epsilon of every LayerNormalization.
+        embedding_dim: None or int. Width E of the embeddings (ALBERT's factorized
+            embeddings, projected to `hidden_dim`); None = `hidden_dim` (BERT).
+        share_layers: bool. One Transformer layer's weights for all `num_layers`
+            layers (ALBERT's cross-layer sharing).
         dtype: None, a dtype name or a `keras.DTypePolicy`, e.g.
             `"mixed_bfloat16"` for mixed precision (variables stay float32).
 
@@ -135,6 +151,8 @@ class BertEncoder(keras_hub.models.Backbone):
         num_segments=2,
         activation="gelu_approximate",
         layer_norm_epsilon=1e-12,
+        embedding_dim=None,
+        share_layers=False,
         dtype=None,
         **kwargs,
     ):
@@ -144,12 +162,21 @@ class BertEncoder(keras_hub.models.Backbone):
                 f"hidden_dim={hidden_dim}, num_heads={num_heads} "
                 f"({hidden_dim} % {num_heads} = {hidden_dim % num_heads})."
             )
+        if embedding_dim is not None and (
+            isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int)
+            or embedding_dim < 1
+        ):
+            raise ValueError(
+                f"embedding_dim must be None (= hidden_dim) or a positive integer; "
+                f"received embedding_dim={embedding_dim!r}."
+            )
         activation_fn = get_activation(activation)
+        width = hidden_dim if embedding_dim is None else embedding_dim
 
         # === Layers ===
         self.token_embedding = keras_hub.layers.ReversibleEmbedding(
             input_dim=vocabulary_size,
-            output_dim=hidden_dim,
+            output_dim=width,
             embeddings_initializer=bert_kernel_initializer(),
             dtype=dtype,
             name="token_embedding",
@@ -162,7 +189,7 @@ class BertEncoder(keras_hub.models.Backbone):
         )
         self.segment_embedding = keras.layers.Embedding(
             input_dim=num_segments,
-            output_dim=hidden_dim,
+            output_dim=width,
             embeddings_initializer=bert_kernel_initializer(),
             dtype=dtype,
             name="segment_embedding",
@@ -177,21 +204,37 @@ class BertEncoder(keras_hub.models.Backbone):
         self.embeddings_dropout = keras.layers.Dropout(
             dropout, dtype=dtype, name="embeddings_dropout"
         )
-        self.transformer_layers = []
-        for i in range(num_layers):
-            self.transformer_layers.append(
-                keras_hub.layers.TransformerEncoder(
-                    intermediate_dim=intermediate_dim,
-                    num_heads=num_heads,
-                    dropout=dropout,
-                    activation=activation_fn,
-                    layer_norm_epsilon=layer_norm_epsilon,
-                    kernel_initializer=bert_kernel_initializer(),
-                    normalize_first=False,  # post-LN, as in BERT
-                    dtype=dtype,
-                    name=f"transformer_layer_{i}",
-                )
+        # ALBERT: E -> H after the embedding block (keras-hub AlbertBackbone's placement).
+        self.embeddings_projection = None
+        if width != hidden_dim:
+            self.embeddings_projection = keras.layers.Dense(
+                hidden_dim,
+                kernel_initializer=bert_kernel_initializer(),
+                dtype=dtype,
+                name="embedding_projection",
             )
+
+        def transformer_layer(name):
+            return keras_hub.layers.TransformerEncoder(
+                intermediate_dim=intermediate_dim,
+                num_heads=num_heads,
+                dropout=dropout,
+                activation=activation_fn,
+                layer_norm_epsilon=layer_norm_epsilon,
+                kernel_initializer=bert_kernel_initializer(),
+                normalize_first=False,  # post-LN, as in BERT
+                dtype=dtype,
+                name=name,
+            )
+
+        if share_layers:
+            # One set of weights, applied num_layers times (the same object in every slot).
+            shared = transformer_layer("transformer_layer_shared")
+            self.transformer_layers = [shared] * num_layers
+        else:
+            self.transformer_layers = [
+                transformer_layer(f"transformer_layer_{i}") for i in range(num_layers)
+            ]
         self.pooled_dense = keras.layers.Dense(
             hidden_dim,
             kernel_initializer=bert_kernel_initializer(),
@@ -204,12 +247,14 @@ class BertEncoder(keras_hub.models.Backbone):
         token_id_input = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_id_input = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask_input = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        tokens = self.token_embedding(token_id_input)  # (batch, seq, hidden)
-        positions = self.position_embedding(tokens)  # (batch, seq, hidden)
-        segments = self.segment_embedding(segment_id_input)  # (batch, seq, hidden)
+        tokens = self.token_embedding(token_id_input)  # (batch, seq, E); E = hidden for BERT
+        positions = self.position_embedding(tokens)  # (batch, seq, E)
+        segments = self.segment_embedding(segment_id_input)  # (batch, seq, E)
         x = self.embeddings_add((tokens, positions, segments))
         x = self.embeddings_layer_norm(x)
         x = self.embeddings_dropout(x)
+        if self.embeddings_projection is not None:
+            x = self.embeddings_projection(x)  # (batch, seq, hidden)
         for transformer_layer in self.transformer_layers:
             x = transformer_layer(x, padding_mask=padding_mask_input)
         sequence_output = x  # (batch, seq, hidden)
@@ -240,6 +285,8 @@ class BertEncoder(keras_hub.models.Backbone):
         self.num_segments = num_segments
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.embedding_dim = embedding_dim
+        self.share_layers = bool(share_layers)
         self.cls_token_index = cls_token_index
 
     def get_config(self):
@@ -256,6 +303,8 @@ class BertEncoder(keras_hub.models.Backbone):
                 "num_segments": self.num_segments,
                 "activation": self.activation,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "embedding_dim": self.embedding_dim,
+                "share_layers": self.share_layers,
             }
         )
         return config

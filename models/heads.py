@@ -390,6 +390,10 @@ def freeze_backbone(backbone, strategy: str, trainable_last_n: int = 1) -> None:
         raise ValueError(f"unknown freeze strategy {strategy!r}; expected none, encoder or "
                          f"all_but_last_n")
     layers = backbone.transformer_layers
+    if getattr(backbone, "share_layers", False):
+        raise ValueError("freeze = all_but_last_n cannot train only the last layers of an encoder "
+                         "with model.share_layers (ALBERT): all its layers are one set of "
+                         "weights; use freeze = none or encoder")
     if not 1 <= trainable_last_n <= len(layers):
         raise ValueError(f"trainable_last_n = {trainable_last_n} but the backbone has "
                          f"{len(layers)} Transformer layers; choose 1..{len(layers)}")

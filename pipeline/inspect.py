@@ -406,6 +406,8 @@ def encoder_trace(model, inputs: dict[str, np.ndarray]) -> tuple[list[np.ndarray
     positions = encoder.position_embedding(tokens)  # (batch, seq, hidden)
     segments = encoder.segment_embedding(segment_ids)  # (batch, seq, hidden)
     x = encoder.embeddings_layer_norm(encoder.embeddings_add((tokens, positions, segments)))
+    if getattr(encoder, "embeddings_projection", None) is not None:  # ALBERT: E -> hidden
+        x = encoder.embeddings_projection(x)
     hidden, attention = [x], []
     for layer in encoder.transformer_layers:
         x, scores = layer(x, padding_mask=padding_mask, training=False,

@@ -81,7 +81,10 @@ HF_ACTIVATION_NAMES = {"gelu": "gelu", "gelu_approximate": "gelu_new", "relu": "
 ARCHITECTURE_KEYS = (
     "vocabulary_size", "num_layers", "hidden_dim", "num_heads", "intermediate_dim",
     "max_sequence_length", "num_segments", "activation", "layer_norm_epsilon",
+    "embedding_dim", "share_layers",
 )
+# BertEncoder's ALBERT options; checkpoints (Hugging Face / Google BERT) have neither.
+ALBERT_DEFAULTS = {"embedding_dim": None, "share_layers": False}
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -224,14 +227,45 @@ def assign_weights(model, weights: dict, source: str = "checkpoint") -> list:
 def architecture_of(model) -> dict:
     """The `ARCHITECTURE_KEYS` of a `BertPretrainer` (or `BertEncoder`)."""
     encoder = getattr(model, "backbone", model)
-    return {key: getattr(encoder, key) for key in ARCHITECTURE_KEYS}
+    return {key: getattr(encoder, key, ALBERT_DEFAULTS.get(key)) for key in ARCHITECTURE_KEYS}
+
+
+def albert_options(architecture) -> dict:
+    """The ALBERT options of an architecture dict or encoder that differ from plain BERT
+    ({"embedding_dim": E} when E != hidden, {"share_layers": True}); {} for BERT."""
+    get = architecture.get if isinstance(architecture, dict) else (
+        lambda key, default=None: getattr(getattr(architecture, "backbone", architecture), key,
+                                          default))
+    out = {}
+    embedding_dim = get("embedding_dim", None)
+    if embedding_dim is not None and embedding_dim != get("hidden_dim", None):
+        out["embedding_dim"] = embedding_dim
+    if get("share_layers", False):
+        out["share_layers"] = True
+    return out
+
+
+def require_bert(model, what: str) -> None:
+    """ConversionError when `model` uses ALBERT options the BERT checkpoint formats cannot hold."""
+    options = albert_options(model)
+    if options:
+        described = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise ConversionError(
+            f"{what} writes BERT checkpoints, but this model uses ALBERT options ({described}: "
+            f"model.embedding_size / model.share_layers); a BERT checkpoint has no embedding "
+            f"projection and one set of weights per layer. Keep the .keras file for this model")
 
 
 def architecture_mismatches(ours: dict, theirs: dict) -> list:
     """[(key, ours, theirs)] for every `ARCHITECTURE_KEYS` entry that differs."""
     out = []
     for key in ARCHITECTURE_KEYS:
-        a, b = ours.get(key), theirs.get(key)
+        a, b = ours.get(key, ALBERT_DEFAULTS.get(key)), theirs.get(key, ALBERT_DEFAULTS.get(key))
+        if key == "embedding_dim":  # None means "= hidden_dim"
+            a = ours.get("hidden_dim") if a is None else a
+            b = theirs.get("hidden_dim") if b is None else b
+        if key == "share_layers":
+            a, b = bool(a), bool(b)
         if isinstance(a, float) or isinstance(b, float):
             same = a is not None and b is not None and np.isclose(a, b, rtol=1e-6, atol=0)
         else:

@@ -63,6 +63,7 @@ from models.convert import (
     keras_weights,
     layer_paths,
     read_vocab,
+    require_bert,
     split_heads_bias,
     split_heads_kernel,
     split_heads_output_kernel,
@@ -385,6 +386,7 @@ def export(model, vocab, out_dir, lowercase: bool | None = None) -> Path:
     """
     from safetensors.numpy import save_file
 
+    require_bert(model, "export to Hugging Face (BertForPreTraining)")
     tokens = read_vocab(vocab) if isinstance(vocab, (str, Path)) else list(vocab)
     size = model.backbone.vocabulary_size
     if len(tokens) != size:
