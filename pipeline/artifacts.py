@@ -6,11 +6,18 @@ A run directory (config key `run_dir`, default `runs/default`) holds:
     corpus/manifest.json                    line between documents), held-out split, counts
     vocab/vocab.txt  vocab/vocab.json       WordPiece vocab (Google's layout) + its metadata
     data/train-*.tfrecord data/eval-*.tfrecord data/stats.json   Beam output
-    pretrain/checkpoints/                   weights + optimizer state every N steps (resume)
+    data/phase<i>/{train,eval}-*.tfrecord   with data.phases: each phase's records
+    pretrain/checkpoints/                   weights + optimizer state every N steps (resume),
+                                            mlflow_run.json (the MLflow run they belong to)
+    pretrain/checkpoints/phase<i>/          with data.phases: each phase's checkpoints and
+                                            mlflow_run.json (the phase's run)
     pretrain/config.yaml                    the config the model was trained with
     pretrain/model.keras pretrain/saved_model/ pretrain/eval.json   final model + held-out eval
     finetune/<name>/                        a fine-tuned task: model, raw-text SavedModel, metrics
                                             (see FinetuneArtifacts)
+    multitask/<name>/                       one encoder, a head per task (see MultitaskArtifacts)
+    distill/<name>/                         a distilled student: the finetune layout + distill.json
+    retrieval/brown_eval.json               `retrieval-eval`: symmetric vs passage retrieval on Brown
 
 Project-level (shared by all runs): `data/downloads/` (registry packages fetched by
 `make setup`), `mlflow.db` and `mlartifacts/` (the default MLflow store).
@@ -66,8 +73,16 @@ class Artifacts:
         self.model_keras = self.pretrain_dir / "model.keras"
         self.saved_model = self.pretrain_dir / "saved_model"
         self.pretrain_eval = self.pretrain_dir / "eval.json"
+        # the MLflow run of the pretrain stage, beside the checkpoints it resumes from
+        self.pretrain_run_file = self.run_file(self.checkpoint_dir)
         # finetune stage: one folder per fine-tuned task, <run_dir>/finetune/<name>/
         self.finetune_root = self.root / "finetune"
+        # retrieval evaluation (python -m pipeline retrieval-eval, pipeline/retrieval.py)
+        self.retrieval_dir = self.root / "retrieval"
+        self.retrieval_eval = self.retrieval_dir / "brown_eval.json"
+        # multitask stage: <run_dir>/multitask/<name>/; distill stage: <run_dir>/distill/<name>/
+        self.multitask_root = self.root / "multitask"
+        self.distill_root = self.root / "distill"
         # logs of each invocation
         self.logs_dir = self.root / "logs"
 
@@ -79,10 +94,24 @@ class Artifacts:
         folder = self.corpus_train_dir if split == "train" else self.corpus_eval_dir
         return str(folder / "*.txt")
 
-    def shard_pattern(self, split: str) -> str:
+    def shard_pattern(self, split: str, data_dir: Path | None = None) -> str:
+        """The TFRecords of `split` in data/ (or in `data_dir`, e.g. a phase's folder)."""
         from beam_jobs import schema
 
-        return str(self.data_dir / f"{split}-*{schema.SHARD_SUFFIX}")
+        return str(Path(data_dir or self.data_dir) / f"{split}-*{schema.SHARD_SUFFIX}")
+
+    def data_phase_dir(self, index: int) -> Path:
+        """data/phase<index>/ (1-based): one phase's records with data.phases."""
+        return self.data_dir / f"phase{index}"
+
+    def phase_checkpoint_dir(self, index: int) -> Path:
+        """pretrain/checkpoints/phase<index>/ (1-based): one pretraining phase's checkpoints."""
+        return self.checkpoint_dir / f"phase{index}"
+
+    @staticmethod
+    def run_file(checkpoint_dir: Path) -> Path:
+        """<checkpoint dir>/mlflow_run.json: the MLflow run a resumed training continues."""
+        return Path(checkpoint_dir) / "mlflow_run.json"
 
     def shards(self, split: str) -> list[Path]:
         return sorted(Path(p) for p in _glob(self.shard_pattern(split)))
@@ -91,13 +120,22 @@ class Artifacts:
         """The folder of one fine-tuned task (`finetune.name`)."""
         return FinetuneArtifacts(self.finetune_root / name)
 
+    def multitask(self, name: str) -> "MultitaskArtifacts":
+        """The folder of one multi-task run (`multitask.name`)."""
+        return MultitaskArtifacts(self.multitask_root / name)
+
+    def distill(self, name: str) -> "FinetuneArtifacts":
+        """The folder of one distilled student (`distill.name`): the finetune layout, plus
+        distill.json (teacher vs student: metric, parameters, examples/s)."""
+        return FinetuneArtifacts(self.distill_root / name)
+
 
 class FinetuneArtifacts:
     """<run_dir>/finetune/<name>/, written whole by the finetune stage (atomic_dir):
 
         model.keras           the fine-tuned Keras model (task head + encoder)
-        saved_model/          SavedModel serving raw strings (classification, regression,
-                              semantic search): signature serving_default
+        saved_model/          SavedModel serving raw strings (every task; token classification
+                              and QA: pipeline/word_serving.py): signature serving_default
         task.json             task, labels, max_seq_length, lowercase: what `predict` needs
         vocab.txt             the WordPiece vocab the model was trained with
         splits.json           how train/validation/test were made (seed, groups, counts, sha256)
@@ -120,6 +158,29 @@ class FinetuneArtifacts:
         self.test_predictions = self.dir / "test_predictions.jsonl"
         self.config = self.dir / "config.yaml"
         self.sweep = self.dir.parent / f"{self.dir.name}.sweep.json"
+        self.distill_json = self.dir / "distill.json"  # distill stage: teacher vs student
+
+
+class MultitaskArtifacts:
+    """<run_dir>/multitask/<name>/, written whole by the multitask stage (atomic_dir):
+
+        tasks/<task>/         per task, the finetune layout: model.keras (shared encoder + this
+                              task's head), task.json, vocab.txt, splits.json, metrics.json
+        metrics.json          per-task validation/test metrics of the multi-task model and of
+                              each single-task baseline, the sampled batch counts
+        comparison.md / comparison.json   multi-task vs single-task per task, with deltas
+        config.yaml           the config the stage ran with
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        self.dir = Path(folder)
+        self.metrics = self.dir / "metrics.json"
+        self.comparison_md = self.dir / "comparison.md"
+        self.comparison_json = self.dir / "comparison.json"
+        self.config = self.dir / "config.yaml"
+
+    def task(self, name: str) -> FinetuneArtifacts:
+        return FinetuneArtifacts(self.dir / "tasks" / name)
 
 
 def _glob(pattern: str) -> list[str]:

@@ -15,6 +15,7 @@ params; `dump_yaml` writes the exact config a stage used beside its outputs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,14 @@ class ModelConfig:
     # Google's original BERT code and keras-hub's BertBackbone).
     activation: str = "gelu_approximate"
     layer_norm_epsilon: float = 1e-12
+    # ALBERT (Lan et al. 2019). embedding_size: width E of the embeddings, projected to the
+    # hidden size by a Dense after the embedding LayerNorm (factorized embedding
+    # parameterization: V·E + E·H parameters instead of V·H); null = the hidden size (BERT,
+    # no projection); an integer 1..hidden size. share_layers: one Transformer layer's
+    # weights used by all num_layers layers (cross-layer parameter sharing).
+    # With data.objective: sop this is ALBERT's pretraining (see configs/albert_tiny.yaml).
+    embedding_size: typing.Optional[int] = None
+    share_layers: bool = False
     # Start from an existing checkpoint instead of random weights: a .keras file
     # written by `python -m models.convert import-hf|import-google` (with its
     # vocab.txt beside it) or a pretrain run, a Hugging Face BERT directory or a
@@ -166,6 +175,12 @@ class TrainConfig:
     # Seconds spent at start-up timing a large float32 matmul: the peak FLOP/s that the
     # logged model FLOP utilisation (mfu) is relative to. 0 = do not measure, no mfu.
     peak_flops_seconds: float = 1.0
+    # Two-phase pretraining (with data.phases): one mapping per data phase, in order, each
+    # overriding some of TRAIN_PHASE_KEYS for that phase, e.g. [{steps: 900, learning_rate:
+    # 1e-4}, {steps: 100, batch_size: 64, learning_rate: 5e-5, warmup_steps: 10}]. A phase
+    # starts from the previous phase's final weights with a fresh optimizer and schedule.
+    # Empty: every data phase trains with the train.* values above.
+    phases: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -216,6 +231,13 @@ class FinetuneConfig:
     n_best: int = 20
     version_2: bool = False
     null_score_threshold: float = 0.0
+    # Long documents (classification, single text): none = truncate to max_seq_length (one
+    # window) | mean | max (of the window logits) | attention (learned, over the windows' [CLS]).
+    # Windows of max_seq_length - 2 pieces start every window_stride pieces, at most
+    # max_windows per document (pipeline/windows.py, models/window_heads.py).
+    long_doc_aggregation: str = "none"
+    window_stride: int = 64
+    max_windows: int = 8
     # A .keras file holding a BERT encoder (a pretrainer, a fine-tuned model or a BertEncoder);
     # empty: <run_dir>/pretrain/model.keras. Its vocab: vocab_file, else vocab.txt beside
     # init_from, else <run_dir>/vocab/vocab.txt.
@@ -245,6 +267,51 @@ class FinetuneConfig:
 
 
 @dataclass
+class MultitaskConfig:
+    """`python -m pipeline multitask`: one shared encoder, a head per task, batches mixed across
+    tasks (pipeline/stages/multitask.py). The optimizer, encoder and schedule settings come from
+    the `finetune` section; each task's data settings from its entry in `tasks`."""
+    name: str = "multitask"  # output folder <run_dir>/multitask/<name>
+    # One mapping per task: name (required), weight (loss weight, >= 0, default 1),
+    # sampling_ratio (share of the batches, > 0, default 1; normalised over the tasks), and any
+    # finetune.* data key (task, dataset, train_file, max_examples, ...) overriding `finetune`.
+    tasks: list[dict] = field(default_factory=list)
+    steps: int = 0  # mixed training steps; 0: finetune.epochs x the batches of all tasks
+    compare_single_task: bool = True  # also train each task alone (same steps), nested runs
+
+
+@dataclass
+class DistillConfig:
+    """`python -m pipeline distill`: a smaller student trained on a fine-tuned classifier's soft
+    targets (pipeline/stages/distill.py). Data and splits: the teacher's own (its config.yaml)."""
+    teacher: str = ""  # a finetune output folder; empty: <run_dir>/finetune/brown_genre
+    name: str = ""  # output <run_dir>/distill/<name>; empty: <teacher folder name>_student
+    # Student size: a models.presets size, else the teacher's with these overrides; with neither,
+    # half the teacher's layers (at least 1).
+    student_preset: str = ""
+    num_layers: int = 0
+    hidden_dim: int = 0
+    num_heads: int = 0
+    intermediate_dim: int = 0
+    # auto: copy the embeddings, pooler and every other teacher layer when the sizes match;
+    # true: require it; false: random initialisation.
+    init_from_teacher: str = "auto"
+    temperature: float = 2.0
+    alpha: float = 0.5  # weight of the soft-target loss KL·T²; (1 - alpha) on the hard labels
+    hidden_loss: str = "none"  # none | mse | cosine
+    hidden_match: str = "cls"  # cls ([CLS] of the last layer) | layers (mapped layer by layer)
+    hidden_weight: float = 1.0
+    learning_rate: float = 5e-4
+    batch_size: int = 32
+    epochs: int = 3
+    max_steps: int = 0  # 0: epochs decide
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 12345
+    register_model: bool = False  # log the student's raw-text SavedModel to MLflow and register it
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/default"
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -254,6 +321,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    multitask: MultitaskConfig = field(default_factory=MultitaskConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 CHOICES = {
@@ -275,6 +344,10 @@ CHOICES = {
                          "glue"),
     "finetune.brown_labels": ("genre", "group"),
     "finetune.freeze": ("none", "encoder", "all_but_last_n"),
+    "finetune.long_doc_aggregation": ("none", "mean", "max", "attention"),
+    "distill.init_from_teacher": ("auto", "true", "false"),
+    "distill.hidden_loss": ("none", "mse", "cosine"),
+    "distill.hidden_match": ("cls", "layers"),
 }
 
 # (key, lowest allowed, highest allowed, inclusive low?)
@@ -333,6 +406,22 @@ RANGES = [
     ("finetune.weight_decay", 0.0, 1.0, True),
     ("finetune.clipnorm", 0.0, None, True),
     ("finetune.similarity_scale", 0.0, None, False),
+    ("finetune.window_stride", 1, None, True),
+    ("finetune.max_windows", 1, 256, True),
+    ("multitask.steps", 0, None, True),
+    ("distill.num_layers", 0, None, True),
+    ("distill.hidden_dim", 0, None, True),
+    ("distill.num_heads", 0, None, True),
+    ("distill.intermediate_dim", 0, None, True),
+    ("distill.temperature", 0.0, None, False),
+    ("distill.alpha", 0.0, 1.0, True),
+    ("distill.hidden_weight", 0.0, None, True),
+    ("distill.learning_rate", 0.0, 0.01, False),
+    ("distill.batch_size", 1, 4096, True),
+    ("distill.epochs", 1, 1000, True),
+    ("distill.max_steps", 0, None, True),
+    ("distill.warmup_fraction", 0.0, 0.5, True),
+    ("distill.weight_decay", 0.0, 1.0, True),
 ]
 
 
@@ -419,6 +508,17 @@ def _coerce(value, hint, key: str, source: str):
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise bad("a string")
         return str(value)
+    if hint == typing.Optional[int]:  # null (None) or an integer, e.g. model.embedding_size
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null",
+                                                                                   "none")):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise bad("null or an integer")
+        return int(value)
+    if hint == list[dict]:  # e.g. multitask.tasks: a list of mappings, kept as they are
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise bad("a YAML list of mappings, one per entry, e.g. [{key: value}, {key: value}]")
+        return [dict(v) for v in value]
     if hint is list:
         if isinstance(value, str):
             return value.split()
@@ -458,12 +558,19 @@ def validate(config: Config, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: key corpus.path is empty but corpus.source = 'files'; "
                           f"set corpus.path to a glob of Google-format text files")
     arch = model_architecture(config)
+    embedding_size = config.model.embedding_size
+    if embedding_size is not None and not 1 <= embedding_size <= arch["hidden_dim"]:
+        raise ConfigError(
+            f"{source}: key model.embedding_size = {embedding_size!r} is out of range; it must be "
+            f"null (= the hidden size) or an integer from 1 to the hidden size "
+            f"{arch['hidden_dim']} (ALBERT uses 128)")
     if arch["hidden_dim"] % arch["num_heads"]:
         raise ConfigError(
             f"{source}: key model.num_heads = {arch['num_heads']}: hidden size "
             f"{arch['hidden_dim']} (model.hidden_dim) is not divisible by it; choose a number of "
             f"heads that divides the hidden size (e.g. {arch['hidden_dim'] // 64 or 1})")
-    if config.data.max_seq_length > config.model.max_sequence_length:
+    # With data.phases the phases' lengths replace data.max_seq_length (_validate_phases).
+    if not config.data.phases and config.data.max_seq_length > config.model.max_sequence_length:
         raise ConfigError(
             f"{source}: key data.max_seq_length = {config.data.max_seq_length} is larger than the "
             f"model's position table (model.max_sequence_length = "
@@ -474,10 +581,13 @@ def validate(config: Config, source: str = "<config>") -> None:
             f"{source}: key data.max_predictions_per_seq = {config.data.max_predictions_per_seq} "
             f"must be below data.max_seq_length - 3 = {config.data.max_seq_length - 3}")
     _validate_phases(config, source)
+    train_phases(config, source)
     if config.train.warmup_steps > config.train.steps:
         raise ConfigError(f"{source}: key train.warmup_steps = {config.train.warmup_steps} is more "
                           f"than train.steps = {config.train.steps}; lower it")
     _validate_finetune(config, source)
+    _validate_multitask(config, source)
+    _validate_distill(config, source)
     if config.model.init_from:
         value = config.model.init_from
         problem = _init_from_problem(Path(value))
@@ -516,6 +626,53 @@ def _validate_phases(config: Config, source: str) -> None:
                 f"8 <= max_seq_length <= model.max_sequence_length "
                 f"({config.model.max_sequence_length}) and 1 <= max_predictions_per_seq <= "
                 f"max_seq_length - 3")
+
+
+# The train.* keys a phase of train.phases may set; the others are shared by all phases.
+TRAIN_PHASE_KEYS = ("steps", "batch_size", "grad_accum_steps", "learning_rate", "warmup_steps",
+                    "end_learning_rate", "decay_power", "checkpoint_every")
+
+
+def train_phases(config: Config, source: str = "<config>") -> list[TrainConfig]:
+    """The TrainConfig of each data phase: train.* with that phase's train.phases entry
+    applied. Without data.phases: [config.train]. Raises ConfigError naming the bad key."""
+    tc = config.train
+    if not config.data.phases:
+        if tc.phases:
+            raise ConfigError(f"{source}: key train.phases = {tc.phases!r} is set but data.phases "
+                              f"is empty; set data.phases (e.g. [\"128/20\", \"512/80\"]) or "
+                              f"remove train.phases")
+        return [tc]
+    count = len(config.data.phases)
+    if tc.phases and len(tc.phases) != count:
+        raise ConfigError(f"{source}: key train.phases has {len(tc.phases)} entries but "
+                          f"data.phases = {config.data.phases!r} has {count}; give one mapping "
+                          f"per data phase, in order")
+    hints = typing.get_type_hints(TrainConfig)
+    out = []
+    for i, entry in enumerate(tc.phases or [{}] * count):
+        where = f"train.phases[{i}]"
+        unknown = sorted(set(entry) - set(TRAIN_PHASE_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: key {where}.{unknown[0]} cannot be set per phase; "
+                              f"allowed: {', '.join(TRAIN_PHASE_KEYS)} (the other train.* keys "
+                              f"apply to every phase)")
+        values = {k: _coerce(v, hints[k], f"{where}.{k}", source) for k, v in entry.items()}
+        phase = dataclasses.replace(tc, phases=[], **values)
+        for key, low, high, inclusive in RANGES:
+            name = key.partition(".")[2]
+            if not key.startswith("train.") or name not in entry:
+                continue
+            value = getattr(phase, name)
+            if (value < low if inclusive else value <= low) or (high is not None and value > high):
+                lo = f">= {low}" if inclusive else f"> {low}"
+                raise ConfigError(f"{source}: key {where}.{name} = {value!r} is out of range; it "
+                                  f"must be {lo}{'' if high is None else f' and <= {high}'}")
+        if phase.warmup_steps > phase.steps:
+            raise ConfigError(f"{source}: key {where}.warmup_steps = {phase.warmup_steps} is more "
+                              f"than that phase's steps = {phase.steps}; lower it")
+        out.append(phase)
+    return out
 
 
 def _init_from_problem(path: Path) -> str:
@@ -573,6 +730,18 @@ def _validate_finetune(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: key finetune.validation_fraction + test_fraction = "
                           f"{fc.validation_fraction + fc.test_fraction} leaves too little to "
                           f"train on; keep the sum below 0.9")
+    if fc.long_doc_aggregation != "none":
+        if fc.task != "classification" or fc.text_pair_column:
+            raise ConfigError(f"{source}: key finetune.long_doc_aggregation = "
+                              f"{fc.long_doc_aggregation!r} applies to single-text "
+                              f"classification only (finetune.task = {fc.task!r}"
+                              f"{', text_pair_column set' if fc.text_pair_column else ''}); "
+                              f"allowed there: none")
+        if fc.window_stride > fc.max_seq_length - 2:
+            raise ConfigError(f"{source}: key finetune.window_stride = {fc.window_stride} is "
+                              f"longer than a window (finetune.max_seq_length - 2 = "
+                              f"{fc.max_seq_length - 2} pieces), so text would be skipped; it "
+                              f"must be >= 1 and <= {fc.max_seq_length - 2}")
     if fc.task == "question_answering" and fc.max_query_length + 3 >= fc.max_seq_length:
         raise ConfigError(f"{source}: key finetune.max_query_length = {fc.max_query_length} leaves "
                           f"no room for the context in finetune.max_seq_length = "
@@ -605,6 +774,105 @@ def finetune_warnings(config: Config) -> list[str]:
     return out
 
 
+# Multi-task fine-tuning: the task types with a per-batch loss on one text (pair); the keys
+# shared by all tasks (one encoder, one optimizer, one schedule) cannot be set per task.
+MULTITASK_TASKS = ("classification", "regression", "token_classification")
+MULTITASK_SHARED_KEYS = ("init_from", "vocab_file", "freeze", "trainable_last_n", "learning_rate",
+                         "epochs", "max_steps", "warmup_fraction", "weight_decay", "clipnorm",
+                         "seed", "sweep", "register_model", "registered_model", "name")
+MULTITASK_OWN_KEYS = ("name", "weight", "sampling_ratio")
+
+
+@dataclass
+class MultitaskTask:
+    name: str
+    weight: float
+    sampling_ratio: float
+    finetune: FinetuneConfig  # the `finetune` section with this task's keys applied
+
+
+def multitask_tasks(config: Config, source: str = "<config>") -> list[MultitaskTask]:
+    """The entries of `multitask.tasks`, checked, each with its own FinetuneConfig."""
+    import re
+
+    out, seen = [], set()
+    finetune_keys = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    for i, entry in enumerate(config.multitask.tasks):
+        where = f"multitask.tasks[{i}]"
+        name = entry.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name or ""):
+            raise ConfigError(f"{source}: key {where}.name = {name!r} is not allowed; give each "
+                              f"task a name of letters, digits, _ or - (it prefixes its metrics)")
+        if name in seen:
+            raise ConfigError(f"{source}: key {where}.name = {name!r} is used twice; task names "
+                              f"must be unique")
+        seen.add(name)
+        where = f"multitask.tasks[{i}] ({name})"
+        unknown = sorted(set(entry) - finetune_keys - set(MULTITASK_OWN_KEYS))
+        shared = sorted((set(entry) & set(MULTITASK_SHARED_KEYS)) - set(MULTITASK_OWN_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: key {where}.{unknown[0]} is unknown; allowed: "
+                              f"{', '.join(MULTITASK_OWN_KEYS)} and the finetune data keys "
+                              f"(task, dataset, train_file, max_examples, max_seq_length, ...)")
+        if shared:
+            raise ConfigError(f"{source}: key {where}.{shared[0]} cannot differ per task (one "
+                              f"encoder, one optimizer); set finetune.{shared[0]} instead")
+        weight = _coerce(entry.get("weight", 1.0), float, f"{where}.weight", source)
+        ratio = _coerce(entry.get("sampling_ratio", 1.0), float, f"{where}.sampling_ratio", source)
+        if weight < 0:
+            raise ConfigError(f"{source}: key {where}.weight = {weight} is out of range; it must "
+                              f"be >= 0 (0 trains nothing through this task's loss)")
+        if ratio <= 0:
+            raise ConfigError(f"{source}: key {where}.sampling_ratio = {ratio} is out of range; "
+                              f"it must be > 0")
+        raw = {**to_dict(config)["finetune"],
+               **{k: v for k, v in entry.items() if k not in MULTITASK_OWN_KEYS}}
+        fc = _build(FinetuneConfig, raw, f"{where}.", source)
+        fc = dataclasses.replace(fc, name=name)
+        if fc.task not in MULTITASK_TASKS:
+            raise ConfigError(f"{source}: key {where}.task = {fc.task!r} is not allowed in "
+                              f"multi-task training; choose one of: {', '.join(MULTITASK_TASKS)}")
+        task_config = dataclasses.replace(config, finetune=fc)
+        try:
+            for key, allowed in CHOICES.items():
+                if key.startswith("finetune.") and get(task_config, key) not in allowed:
+                    raise ConfigError(f"key {key} = {get(task_config, key)!r} is not allowed; "
+                                      f"choose one of: {', '.join(allowed)}")
+            for key, low, high, inclusive in RANGES:
+                if not key.startswith("finetune."):
+                    continue
+                value = get(task_config, key)
+                if (value < low if inclusive else value <= low) or (high is not None
+                                                                    and value > high):
+                    raise ConfigError(f"key {key} = {value!r} is out of range "
+                                      f"({'>=' if inclusive else '>'} {low}"
+                                      f"{'' if high is None else f', <= {high}'})")
+            _validate_finetune(task_config, "")
+        except ConfigError as err:
+            message = str(err).lstrip(": ").replace("finetune.", f"{where}.")
+            raise ConfigError(f"{source}: {message}") from None
+        out.append(MultitaskTask(name, weight, ratio, fc))
+    return out
+
+
+def _validate_multitask(config: Config, source: str) -> None:
+    tasks = multitask_tasks(config, source)
+    if tasks and sum(t.weight for t in tasks) <= 0:
+        raise ConfigError(f"{source}: key multitask.tasks: every weight is 0; give at least one "
+                          f"task a weight > 0")
+
+
+def _validate_distill(config: Config, source: str) -> None:
+    dc = config.distill
+    if dc.student_preset and dc.student_preset not in presets.PRESETS:
+        raise ConfigError(f"{source}: key distill.student_preset = {dc.student_preset!r} is not "
+                          f"allowed; choose one of: {', '.join(presets.PRESETS)} (or leave it "
+                          f"empty for the teacher's sizes)")
+    if dc.hidden_dim and dc.num_heads and dc.hidden_dim % dc.num_heads:
+        raise ConfigError(f"{source}: key distill.num_heads = {dc.num_heads} does not divide "
+                          f"distill.hidden_dim = {dc.hidden_dim}; choose a divisor")
+
+
 def model_architecture(config: Config) -> dict:
     """The preset's sizes with any explicit model.* overrides applied."""
     arch = dict(presets.PRESETS[config.model.preset])
@@ -630,6 +898,8 @@ def to_flat_dict(config: Config) -> dict:
             if isinstance(value, dict):
                 walk(value, f"{prefix}{key}.")
             else:
+                if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+                    value = json.dumps(value, sort_keys=True)  # e.g. multitask.tasks
                 flat[prefix + key] = " ".join(value) if isinstance(value, list) else value
 
     walk(to_dict(config), "")

@@ -15,6 +15,7 @@ The dependency rules follow how people use continued pretraining:
                vocabulary stays fixed when new text arrives, so models keep their ids), code
     data     ← data.* settings, prepared corpus (manifest hash), vocab.txt hash, code
     pretrain ← model.* / train.* settings, data stats + shards listing, vocab.txt hash, code
+    finetune, sweep, multitask, distill ← always run (any model, any labelled set); their keys record config + code
 
 so touching the corpus re-runs corpus → data → pretrain (and what follows), not the vocab.
 """
@@ -29,6 +30,10 @@ from pathlib import Path
 from pipeline import artifacts, config as config_lib
 from pipeline.artifacts import Artifacts
 
+# Fine-tuning stages share their data, heads, metrics and exports.
+FINETUNE_CODE = ["pipeline/stages/finetune.py", "pipeline/finetune_data.py", "pipeline/metrics.py",
+                 "pipeline/predict.py", "pipeline/word_serving.py", "pipeline/windows.py",
+                 "models/*.py"]
 STAGE_CODE = {
     "corpus": ["pipeline/stages/corpus.py"],
     "vocab": ["pipeline/stages/vocab.py", "beam_jobs/vocab.py"],
@@ -36,18 +41,25 @@ STAGE_CODE = {
              "beam_jobs/transforms.py", "beam_jobs/schema.py"],
     "pretrain": ["pipeline/stages/pretrain.py", "pipeline/inputs.py", "beam_jobs/schema.py",
                  "models/*.py"],
-    "finetune": ["pipeline/stages/finetune.py", "pipeline/finetune_data.py", "pipeline/metrics.py",
-                 "models/*.py"],
+    "finetune": FINETUNE_CODE,
+    "sweep": FINETUNE_CODE,
+    "multitask": ["pipeline/stages/multitask.py"] + FINETUNE_CODE,
+    "distill": ["pipeline/stages/distill.py"] + FINETUNE_CODE,
 }
 STAGE_CONFIG = {
     "corpus": ["corpus"],
     "vocab": ["vocab"],
     "data": ["data", "vocab.lowercase"],
-    "pretrain": ["model", "train", "data.max_seq_length", "data.max_predictions_per_seq"],
+    "pretrain": ["model", "train", "data.max_seq_length", "data.max_predictions_per_seq",
+                 "data.phases"],
     "finetune": ["finetune"],
+    "sweep": ["finetune"],
+    "multitask": ["finetune", "multitask"],
+    "distill": ["distill"],
 }
 UPSTREAM = {"corpus": [], "vocab": ["corpus"], "data": ["corpus", "vocab"], "pretrain": ["data"],
-            "finetune": ["pretrain"]}
+            "finetune": ["pretrain"], "sweep": ["pretrain"],
+            "multitask": ["pretrain"], "distill": ["finetune"]}
 MARKER = ".stage.json"
 
 
@@ -59,7 +71,15 @@ def sha256_bytes(data: bytes) -> str:
 
 def output_dir(stage: str, paths: Artifacts) -> Path:
     return {"corpus": paths.corpus_dir, "vocab": paths.vocab_dir, "data": paths.data_dir,
-            "pretrain": paths.pretrain_dir, "finetune": paths.finetune_root}[stage]
+            "pretrain": paths.pretrain_dir, "finetune": paths.finetune_root,
+            "sweep": paths.finetune_root, "multitask": paths.multitask_root,
+            "distill": paths.distill_root}[stage]
+
+
+def marker_path(stage: str, paths: Artifacts) -> Path:
+    """<output dir>/.stage.json; the sweep shares finetune/ and keeps its own marker there."""
+    name = ".sweep.stage.json" if stage == "sweep" else MARKER
+    return output_dir(stage, paths) / name
 
 
 def code_hash(stage: str) -> str:
@@ -99,7 +119,7 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
         stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
         return {"corpus_files": sha256_bytes(json.dumps(stats).encode()),
                 "corpus_file_count": len(files)}
-    if stage == "finetune":
+    if stage in ("finetune", "sweep", "multitask", "distill"):
         return None  # fine-tuning always runs (its inputs: any model, any labelled set)
     if stage == "vocab":
         if config.vocab.from_file:
@@ -112,7 +132,8 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
         return None
     hashes = {name: artifacts.sha256_file(path) for name, path in needed.items()}
     if stage == "pretrain":
-        shards = sorted((p.name, p.stat().st_size) for p in paths.data_dir.glob("*.tfrecord"))
+        shards = sorted((p.relative_to(paths.data_dir).as_posix(), p.stat().st_size)
+                        for p in paths.data_dir.rglob("*.tfrecord"))  # data/ and data/phase*/
         hashes["data_shards"] = sha256_bytes(json.dumps(shards).encode())
     return hashes
 
@@ -133,7 +154,7 @@ def fingerprint(stage: str, config: config_lib.Config, paths: Artifacts) -> dict
 
 
 def read_marker(stage: str, paths: Artifacts) -> dict | None:
-    marker = output_dir(stage, paths) / MARKER
+    marker = marker_path(stage, paths)
     try:
         return json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError):
@@ -141,7 +162,7 @@ def read_marker(stage: str, paths: Artifacts) -> dict | None:
 
 
 def write_marker(stage: str, paths: Artifacts, fp: dict, run_id: str) -> None:
-    artifacts.write_text_atomic(output_dir(stage, paths) / MARKER,
+    artifacts.write_text_atomic(marker_path(stage, paths),
                                 json.dumps({**fp, "mlflow_run_id": run_id}, indent=2))
 
 

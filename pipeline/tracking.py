@@ -4,15 +4,22 @@ The store is `tracking.tracking_uri` if set, else $MLFLOW_TRACKING_URI, else a
 SQLite file in the project (`mlflow.db`, artifacts under `mlartifacts/`), which
 `make ui` serves. Every stage run gets the whole config flattened as params,
 the config file as an artifact, and the stage's own metrics and artifacts.
+
+A training that resumes from a checkpoint continues the run it started (`resumable_run`,
+`reopen_run`; the run id is kept beside the checkpoints by `write_run_file`); two-phase
+pretraining adds a run per phase under the pipeline run (`child_run`). Under multi_worker only
+the chief creates runs (pipeline/cli.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import mlflow
 
@@ -83,18 +90,124 @@ def run_link(run_id: str) -> str:
 
 
 @contextlib.contextmanager
-def stage_run(name: str, config: config_lib.Config, description: str = "", tags: dict | None = None):
-    """A nested run for one stage; its status is FAILED if the block raises."""
-    with mlflow.start_run(run_name=name, nested=True,
-                          tags={"pipeline.stage": name,
-                                "mlflow.source.git.commit": git_commit(),
-                                "mlflow.note.content": description or f"Stage {name}.",
-                                **(tags or {})}) as run:
-        mlflow.log_params(config_lib.to_flat_dict(config))
+def stage_run(name: str, config: config_lib.Config, description: str = "", tags: dict | None = None,
+              resume_run_id: str = ""):
+    """A nested run for one stage; its status is FAILED if the block raises.
+
+    `resume_run_id`: the run an interrupted stage recorded (the pretrain stage keeps it beside
+    its checkpoints); if it can be resumed (`resumable_run`) it is reopened instead of
+    starting a new run, so its metrics continue where they stopped.
+    """
+    tags = {"pipeline.stage": name, "mlflow.source.git.commit": git_commit(),
+            "mlflow.note.content": description or f"Stage {name}.", **(tags or {})}
+    if resumable_run(resume_run_id):
+        active = reopen_run(resume_run_id, tags)
+    else:
+        active = mlflow.start_run(run_name=name, nested=True, tags=tags)
+    with active as run:
+        log_params(config_lib.to_flat_dict(config))
         mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
         start = time.time()
         yield run
         mlflow.log_metric("stage_seconds", time.time() - start)
+
+
+# ---------------------------------------------------------------------------
+# Resuming a run: a training interrupted (preempted, killed) and re-run continues the
+# MLflow run it started, recorded in <checkpoint dir>/mlflow_run.json (write_run_file).
+# ---------------------------------------------------------------------------
+def resumable_run(run_id: str) -> bool:
+    """True if `run_id` is a run of the current store and experiment that did not finish
+    (RUNNING: its process died; FAILED or KILLED), so a resumed training may continue it.
+    A FINISHED run is left alone: training further after it completed gets a new run."""
+    if not run_id:
+        return False
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return False  # another store, or deleted for good
+    active = mlflow.active_run()
+    experiment = active.info.experiment_id if active else None
+    return (run.info.lifecycle_stage == "active" and run.info.status != "FINISHED"
+            and (experiment is None or run.info.experiment_id == experiment))
+
+
+def reopen_run(run_id: str, tags: dict | None = None,
+               parent_run_id: str | None = None) -> mlflow.ActiveRun:
+    """Reopens `run_id` (status RUNNING again) as a nested run under `parent_run_id` (default:
+    the active run, i.e. this invocation's pipeline run); the parents it had before are kept in
+    the tag `resume.previous_parent_run_ids`."""
+    client = mlflow.MlflowClient()
+    active = mlflow.active_run()
+    parent = parent_run_id or (active.info.run_id if active else None)
+    old_tags = client.get_run(run_id).data.tags
+    previous = old_tags.get("mlflow.parentRunId")
+    extra = {"resume.count": str(int(old_tags.get("resume.count", "0")) + 1)}
+    if parent and previous and previous != parent:
+        history = [p for p in old_tags.get("resume.previous_parent_run_ids", "").split(",") if p]
+        extra["resume.previous_parent_run_ids"] = ",".join(history + [previous])
+    if parent:
+        extra["mlflow.parentRunId"] = parent
+    return mlflow.start_run(run_id=run_id, nested=True, tags={**(tags or {}), **extra})
+
+
+@contextlib.contextmanager
+def child_run(name: str, parent_run_id: str, tags: dict | None = None, resume_run_id: str = ""):
+    """A run nested under `parent_run_id` (which need not be the active run: e.g. a pretraining
+    phase's run under the pipeline run, while the pretrain stage's run is active), or
+    `resume_run_id` reopened there if it is resumable. It is the active run inside the block;
+    its status is FAILED if the block raises."""
+    from mlflow.tracking.context import registry
+
+    tags = dict(tags or {})
+    if resumable_run(resume_run_id):
+        active = reopen_run(resume_run_id, tags, parent_run_id)
+    else:
+        client = mlflow.MlflowClient()
+        experiment = (mlflow.active_run().info.experiment_id if mlflow.active_run()
+                      else client.get_run(parent_run_id).info.experiment_id)
+        created = client.create_run(experiment, run_name=name, tags=registry.resolve_tags(
+            {**tags, "mlflow.parentRunId": parent_run_id, "mlflow.runName": name}))
+        active = mlflow.start_run(run_id=created.info.run_id, nested=True)
+    with active as run:
+        yield run
+
+
+def log_params(params: dict) -> None:
+    """mlflow.log_params on the active run, safe on a resumed run: params it already has with
+    the same value are skipped; a changed value (MLflow params cannot change) is recorded as
+    the tag `param_changed.<key>` = the new value instead."""
+    run = mlflow.active_run()
+    old = mlflow.MlflowClient().get_run(run.info.run_id).data.params if run else {}
+    new, changed = {}, {}
+    for key, value in params.items():
+        if key not in old:
+            new[key] = value
+        elif old[key] != str(value):
+            changed[f"param_changed.{key}"] = str(value)
+    if new:
+        mlflow.log_params(new)
+    if changed:
+        mlflow.set_tags(changed)
+
+
+def write_run_file(path, run_id: str) -> None:
+    """Records `run_id` (with the tracking URI) in `path` (atomically): the run a resumed
+    training continues (see `resumable_run`)."""
+    artifacts.write_text_atomic(Path(path), json.dumps(
+        {"run_id": run_id, "tracking_uri": mlflow.get_tracking_uri()}, indent=2))
+
+
+def read_run_file(path) -> str:
+    """The run id `write_run_file` recorded in `path`, if it is for the current store ("" if
+    there is none or it is unreadable)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(record, dict) or record.get("tracking_uri") != mlflow.get_tracking_uri():
+        return ""
+    return str(record.get("run_id") or "")
 
 
 # ---------------------------------------------------------------------------

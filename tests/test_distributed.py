@@ -40,7 +40,18 @@ from pipeline.stages import pretrain
 from test_training import tiny_config
 if mode == "mirrored":
     pretrain.export = lambda model, paths: None
-result = pretrain.run(tiny_config(run_dir, *overrides), log=lambda line: print(line, flush=True))
+log = lambda line: print(line, flush=True)
+if mode == "multi_worker":
+    # Through the CLI, as on a cluster: only the chief takes the run lock and records MLflow runs.
+    from pipeline import artifacts, cli
+    stage, results = pretrain.run, []
+    pretrain.run = lambda config, log=print: results.append(stage(config, log=log)) or results[-1]
+    config = tiny_config(run_dir, *overrides)
+    code = cli._run(config, "", ["pretrain"], False, artifacts.Artifacts(run_dir), log)
+    assert code == 0, f"exit {code}"
+    result = results[0]
+else:
+    result = pretrain.run(tiny_config(run_dir, *overrides), log=log)
 print("RESULT " + json.dumps({k: result[k] for k in ("history", "weights_sha256", "step",
                                                       "eval_loss")}), flush=True)
 """
@@ -52,14 +63,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(mode, run_dir, extra_env=None):
+def start(mode, run_dir, extra_env=None, extra_args=()):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([str(PROJECT), str(PROJECT / "tests")]),
                **(extra_env or {}))
     env.pop("TF_CONFIG", None)
     env.update(extra_env or {})
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, mode, str(run_dir), *ARGS,
+        [sys.executable, "-c", DRIVER, mode, str(run_dir), *ARGS, *extra_args,
          *(["train.strategy=multi_worker"] if mode == "multi_worker" else []),
          *(["train.strategy=mirrored"] if mode == "mirrored" else [])],
         cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -85,9 +96,12 @@ def runs(tmp_path_factory):
         write_pretraining_data(root / name)  # the same records in each (seeded)
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    # Both workers are given the same MLflow store (only the chief may write to it).
+    tracked = [f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}",
+               "tracking.experiment=distributed"]
     processes = {
         f"worker{i}": start("multi_worker", root / f"worker{i}", {"TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": i}})})
+            {"cluster": cluster, "task": {"type": "worker", "index": i}})}, tracked)
         for i in range(2)}
     processes["mirrored"] = start("mirrored", root / "mirrored")
     try:
@@ -140,6 +154,23 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(runs):
         "ckpt-00000003.weights.h5", "ckpt-00000006.weights.h5"]
     assert chief_paths.model_keras.exists() and chief_paths.saved_model.exists()
     assert not worker_paths.pretrain_dir.exists()
+
+
+def test_only_the_chief_locks_the_run_dir_and_records_mlflow_runs(runs):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("distributed")
+    found = client.search_runs([experiment.experiment_id])
+    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    stages = [r for r in found if r.data.tags.get("pipeline.stage") == "pretrain"]
+    assert len(found) == 2 and len(parents) == 1 and len(stages) == 1
+    steps = [m.step for m in client.get_metric_history(stages[0].info.run_id, "loss")]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]  # the chief's steps, once each
+    assert "not the chief worker: no run lock, no MLflow runs" in runs["worker1"]["log"]
+    assert "not the chief worker" not in runs["worker0"]["log"]
+    assert (runs["root"] / "worker0" / ".pipeline.lock").exists()
+    assert not (runs["root"] / "worker1" / ".pipeline.lock").exists()
 
 
 def test_mirrored_on_two_logical_cpus_matches_one_device(runs):

@@ -125,3 +125,10 @@ def test_lock_and_resume_after_kill(tmp_path, corpus_dir):
     assert f"resuming from ckpt-{steps_done:08d}.weights.h5 (step {steps_done})" in out
     assert "corpus: up to date" in out and "data: up to date" in out
     assert f"step {steps_done + 5}/{steps_done + 5}" in out
+    # The re-run continued the MLflow run the killed one started (kill -9 left it RUNNING).
+    _, children = stage_runs(tmp_path)
+    (run,) = [r for r in children if r.data.tags["pipeline.stage"] == "pretrain"]
+    assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "1"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    steps = {m.step for m in client.get_metric_history(run.info.run_id, "loss")}
+    assert {5, steps_done, steps_done + 5} <= steps  # before the kill and after it

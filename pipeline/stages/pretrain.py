@@ -17,12 +17,25 @@ Reads top to bottom:
   6. held-out evaluation (MLM loss/accuracy, NSP accuracy) → eval.json;
   7. export `model.keras` and a SavedModel (both atomic), log them to MLflow.
 
+Two-phase pretraining (`data.phases`, `train.phases`; see `plan_phases`): steps 2-6 run once per
+phase, phase i reading data/phase<i>/ and checkpointing to pretrain/checkpoints/phase<i>/; each
+phase after the first starts from the previous phase's final weights with a fresh optimizer and
+schedule, each is its own MLflow run under the pipeline run, and a phase whose checkpoints
+already reach its steps is skipped. The model exported in step 7 is the last phase's.
+
+MLflow on resume: the id of the stage run (and of each phase run) is kept beside the
+checkpoints (mlflow_run.json); the CLI reopens the stage run (`resumable_run_id`) and
+`phase_run` the phase's, so an interrupted training's metrics continue in the same run.
+
 Steps are optimizer updates everywhere (`train.steps`, checkpoints, logs, the LR schedule):
 with `train.grad_accum_steps = k` one step is k forward/backward passes of `train.batch_size`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import hashlib
 import json
 import math
@@ -44,7 +57,7 @@ from beam_jobs import vocab as vocab_job
 from models.flops import training_flops_per_token
 from models.optimizers import Lamb
 from models.schedules import WarmupPolynomialDecay
-from pipeline import artifacts, inputs, strategy as strategy_lib
+from pipeline import artifacts, inputs, strategy as strategy_lib, tracking
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
@@ -74,6 +87,8 @@ def build_model(config: Config, vocabulary_size: int) -> models.BertPretrainer:
         num_segments=config.model.num_segments,
         activation=config.model.activation,
         layer_norm_epsilon=config.model.layer_norm_epsilon,
+        embedding_dim=config.model.embedding_size,  # ALBERT options (default: BERT)
+        share_layers=config.model.share_layers,
         dtype=None if precision == "float32" else precision,
     )
     return models.BertPretrainer(backbone)
@@ -307,7 +322,8 @@ def flops_per_token(config: Config, vocabulary_size: int) -> float:
     return training_flops_per_token(
         num_layers=arch["num_layers"], hidden_dim=arch["hidden_dim"],
         intermediate_dim=arch["intermediate_dim"], vocabulary_size=vocabulary_size,
-        seq_length=config.data.max_seq_length, num_predictions=config.data.max_predictions_per_seq)
+        seq_length=config.data.max_seq_length, num_predictions=config.data.max_predictions_per_seq,
+        embedding_dim=config.model.embedding_size)
 
 
 def oom_message(config: Config, strategy) -> str:
@@ -336,6 +352,7 @@ CONFIG_KEY_OF = {
     "intermediate_dim": "model.intermediate_dim",
     "max_sequence_length": "model.max_sequence_length", "num_segments": "model.num_segments",
     "activation": "model.activation", "layer_norm_epsilon": "model.layer_norm_epsilon",
+    "embedding_dim": "model.embedding_size", "share_layers": "model.share_layers",
 }
 
 
@@ -528,12 +545,23 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
     vocabulary_size = sum(1 for _ in open(paths.vocab_file, encoding="utf-8"))
     stats = json.loads(artifacts.require(paths.data_stats, "the pretraining data", "data").read_text())
     made = stats["settings"]
-    for key in ("max_seq_length", "max_predictions_per_seq", "masking"):
+    keys = ("max_seq_length", "max_predictions_per_seq", "masking")
+    if config.data.phases:  # the shape of each phase, against data.phases
+        made_phases = [f"{p['max_seq_length']}/{p['max_predictions_per_seq']}"
+                       for p in stats.get("phases", [])]
+        wanted = [f"{seq}/{pred}" for seq, pred in config_lib.data_phases(config)]
+        if made_phases != wanted:
+            raise PretrainError(
+                f"the TFRecords in {paths.data_dir} were made with data.phases = "
+                f"{made_phases or '[] (one phase)'}, but the config says {wanted}; run `make data` "
+                f"again with this config")
+        keys = ("masking",)
+    for key in keys:
         if made.get(key, "static") != getattr(config.data, key):
             raise PretrainError(
                 f"the TFRecords in {paths.data_dir} were made with data.{key} = {made.get(key, 'static')}, but the "
                 f"config says {getattr(config.data, key)}; run `make data` again with this config")
-    if config.data.max_seq_length > config.model.max_sequence_length:
+    if not config.data.phases and config.data.max_seq_length > config.model.max_sequence_length:
         raise PretrainError(f"data.max_seq_length {config.data.max_seq_length} exceeds "
                             f"model.max_sequence_length {config.model.max_sequence_length}")
     if paths.pretrain_config.exists() or (paths.checkpoint_dir / "config.yaml").exists():
@@ -541,7 +569,9 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
         if not saved_path.exists():
             saved_path = paths.pretrain_config
         saved = yaml.safe_load(saved_path.read_text())
-        if saved.get("model") != config_lib.to_dict(config)["model"]:
+        # Keys added since the checkpoint was written take their defaults.
+        saved_model = {**config_lib.to_dict(Config())["model"], **(saved.get("model") or {})}
+        if saved_model != config_lib.to_dict(config)["model"]:
             raise PretrainError(
                 f"the checkpoints in {paths.pretrain_dir} were trained with another model config "
                 f"({saved.get('model')}); use another run_dir or delete {paths.pretrain_dir} to "
@@ -561,41 +591,123 @@ def masking_args(config: Config, paths: Artifacts) -> dict:
         whole_word=getattr(dc, "whole_word_masking", False), seed=config.train.seed)}
 
 
-def training_data(config: Config, paths: Artifacts, start_step: int, log=print):
+def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
+                  data_dir: Path | None = None, prefix: str = "pretrain"):
     """The repeated, shuffled training batches, positioned after `start_step` updates.
 
     resume_data = skip: the same seed as a fresh run, minus the batches already consumed
     (start_step × grad_accum_steps global batches), so a resumed run continues the
     uninterrupted run's batch sequence (exact on one worker and with data sharding).
-    reseed: a fresh order seeded with seed + start_step.
+    reseed: a fresh order seeded with seed + start_step. `data_dir`: a phase's records
+    (default data/).
     """
     tc, dc = config.train, config.data
     reseed = tc.resume_data == "reseed"
+    pattern = paths.shard_pattern("train", data_dir)
     data = inputs.pretraining_dataset(
-        paths.shard_pattern("train"), tc.batch_size, dc.max_seq_length, dc.max_predictions_per_seq,
+        pattern, tc.batch_size, dc.max_seq_length, dc.max_predictions_per_seq,
         training=True, seed=tc.seed + (start_step if reseed else 0),
         shuffle_buffer=tc.shuffle_buffer, **masking_args(config, paths))
     consumed = start_step * tc.grad_accum_steps
     if consumed and not reseed and start_step < tc.steps:
-        log(f"pretrain: skipping the {consumed:,} batches consumed before step {start_step}")
+        log(f"{prefix}: skipping the {consumed:,} batches consumed before step {start_step}")
         data = data.skip(consumed)
     data = data.map(normalize_mlm_weights, num_parallel_calls=tf.data.AUTOTUNE)
-    files = len(tf.io.gfile.glob(paths.shard_pattern("train")))
+    files = len(tf.io.gfile.glob(pattern))
     return data.with_options(strategy_lib.shard_options(tc.data_sharding, files))
 
 
-def run(config: Config, log=print) -> dict:
+@dataclasses.dataclass
+class Phase:
+    """One pretraining phase: its config (data.max_seq_length / max_predictions_per_seq and
+    train.* of the phase), where its records are and where its checkpoints go.
+
+    index 0 is the single phase of a run without data.phases (data/, pretrain/checkpoints/);
+    with data.phases, phase i (1-based) reads data/phase<i>/ and checkpoints to
+    pretrain/checkpoints/phase<i>/ (pipeline/artifacts.py).
+    """
+    index: int
+    config: Config
+    data_dir: Path
+    checkpoint_dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"phase{self.index}" if self.index else ""
+
+    @property
+    def prefix(self) -> str:
+        """How the log lines of this phase start."""
+        return f"pretrain {self.name}" if self.index else "pretrain"
+
+    @property
+    def shape(self) -> str:
+        return f"{self.config.data.max_seq_length}/{self.config.data.max_predictions_per_seq}"
+
+
+def plan_phases(config: Config, paths: Artifacts) -> list[Phase]:
+    """The phases `run` trains, in order: one without data.phases, else one per data phase
+    with its train.phases entry applied (config.train_phases)."""
+    if not config.data.phases:
+        return [Phase(0, config, paths.data_dir, paths.checkpoint_dir)]
+    out = []
+    for i, ((seq, pred), tc) in enumerate(zip(config_lib.data_phases(config),
+                                              config_lib.train_phases(config)), start=1):
+        data = dataclasses.replace(config.data, max_seq_length=seq, max_predictions_per_seq=pred)
+        out.append(Phase(i, dataclasses.replace(config, data=data, train=tc),
+                         paths.data_phase_dir(i), paths.phase_checkpoint_dir(i)))
+    return out
+
+
+def resumable_run_id(config: Config) -> str:
+    """The MLflow run of the pretrain stage that an interrupted training recorded beside its
+    checkpoints ("" if there are no checkpoints yet or no record for this store): the CLI
+    reopens it (tracking.stage_run) instead of starting a new run."""
     paths = Artifacts(config.run_dir)
-    tc, dc = config.train, config.data
+    if not any(CHECKPOINT_RE.search(p.name) for p in paths.checkpoint_dir.rglob("ckpt-*")):
+        return ""
+    return tracking.read_run_file(paths.pretrain_run_file)
+
+
+def phase_run(phase: Phase, stage_run, resume: bool):
+    """The MLflow run of one phase: a child of the pipeline run (the stage run's parent), or
+    the phase's recorded run reopened when it resumes from a checkpoint."""
+    tags = mlflow.MlflowClient().get_run(stage_run.info.run_id).data.tags
+    parent = tags.get("mlflow.parentRunId") or stage_run.info.run_id
+    resume_id = tracking.read_run_file(Artifacts.run_file(phase.checkpoint_dir)) if resume else ""
+    return tracking.child_run(
+        f"pretrain {phase.name}", parent, resume_run_id=resume_id,
+        tags={"pipeline.stage": f"pretrain.{phase.name}", "pretrain.phase": str(phase.index),
+              "pretrain.stage_run_id": stage_run.info.run_id,
+              "mlflow.source.git.commit": tracking.git_commit(),
+              "mlflow.note.content": f"Pretraining {phase.name}: sequences of "
+                                     f"{phase.config.data.max_seq_length} tokens, "
+                                     f"{phase.config.train.steps} steps, from "
+                                     f"{phase.data_dir}."})
+
+
+def run(config: Config, log=print) -> dict:
+    """Trains every phase in turn (one without data.phases), then evaluates the final model on
+    held-out data and exports it. With data.phases, each phase starts from the previous one's
+    final weights with a fresh optimizer and schedule, and is its own MLflow run under the
+    pipeline run; a phase whose checkpoints already reach its steps is skipped."""
+    paths = Artifacts(config.run_dir)
+    tc = config.train
+    phases = plan_phases(config, paths)
     vocabulary_size, stats = check_inputs(config, paths)
     keras.utils.set_random_seed(tc.seed)
     strategy = strategy_lib.make_strategy(tc.strategy, tc.tpu)
-    try:
-        strategy_lib.per_replica_batch(tc.batch_size, strategy)
-    except strategy_lib.StrategyError as err:
-        raise PretrainError(str(err)) from err
+    for phase in phases:
+        try:
+            strategy_lib.per_replica_batch(phase.config.train.batch_size, strategy)
+        except strategy_lib.StrategyError as err:
+            where = f" (train.phases[{phase.index - 1}])" if phase.index else ""
+            raise PretrainError(f"{err}{where}") from err
     chief = strategy_lib.is_chief()
     config_yaml = config_lib.dump_yaml(config)
+    stage_run = mlflow.active_run() if chief else None
+    if stage_run is not None:  # a re-run after an interruption continues this run
+        tracking.write_run_file(paths.pretrain_run_file, stage_run.info.run_id)
 
     peak = 0.0
     if tc.peak_flops_seconds:
@@ -604,11 +716,90 @@ def run(config: Config, log=print) -> dict:
             f"({tc.precision.replace('mixed_', '')} matmul, {tc.peak_flops_seconds:g} s)")
         peak *= strategy.num_replicas_in_sync
 
-    found = latest_checkpoint(paths.checkpoint_dir)
-    train_data = training_data(config, paths, found[0] if found else 0, log=log)
+    previous = None  # where the next phase starts from: weights (a list), or a checkpoint path
+    for phase in phases:
+        final = phase is phases[-1]
+        found = latest_checkpoint(phase.checkpoint_dir)
+        steps = phase.config.train.steps
+        if not final and found and found[0] >= steps:
+            log(f"{phase.prefix}: already trained ({found[1].name}, step {found[0]} of {steps}); "
+                f"going on to phase{phase.index + 1}")
+            previous = found[1]
+            continue
+        trains = not found or found[0] < steps
+        tracked = bool(phase.index) and trains and stage_run is not None
+        with (phase_run(phase, stage_run, resume=found is not None) if tracked
+              else contextlib.nullcontext()) as run_of_phase:
+            if run_of_phase is not None:
+                tracking.write_run_file(Artifacts.run_file(phase.checkpoint_dir),
+                                        run_of_phase.info.run_id)
+                tracking.log_params({"phase": phase.index, "phase.data_dir": str(phase.data_dir),
+                                     **{k: v for k, v in
+                                        config_lib.to_flat_dict(phase.config).items()
+                                        if k.startswith(("train.", "data.", "model."))}})
+                mlflow.MlflowClient().set_tag(stage_run.info.run_id,
+                                              f"pretrain.{phase.name}.run_id",
+                                              run_of_phase.info.run_id)
+            if phase.index:
+                keras.utils.set_random_seed(tc.seed + phase.index - 1)
+                log(f"{phase.prefix}: {phase.shape} (max_seq_length/max_predictions_per_seq) "
+                    f"from {phase.data_dir}, {steps} steps")
+            outcome = train_phase(phase, paths, strategy, vocabulary_size, peak, chief,
+                                  config_yaml, found, previous, log)
+        if not final:  # keep only the weights: the model and its optimizer state are freed
+            previous = outcome.pop("model").get_weights()
+            outcome = None
+            gc.collect()
+
+    model, results, history = outcome["model"], outcome["results"], outcome["history"]
+    digest = outcome["weights_sha256"]
+    if chief:
+        artifacts.write_text_atomic(paths.pretrain_eval, json.dumps(results, indent=2))
+        artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
+        export(model, paths)
+        if mlflow.active_run():
+            mlflow.set_tag("pretrain.weights_sha256", digest)
+            mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
+                               step=results["step"])
+            mlflow.log_artifact(str(paths.pretrain_eval), "pretrain")
+            mlflow.log_artifact(str(paths.pretrain_config), "pretrain")
+            mlflow.log_artifact(str(paths.model_keras), "model")
+            mlflow.log_artifacts(str(paths.saved_model), "model/saved_model")
+            review_plots(model, config, paths, history, log)
+    return {"parameters": outcome["parameters"], "start_step": outcome["start_step"],
+            "weights_sha256": digest, "history": history,
+            "phases": len(phases) if config.data.phases else 0, **results}
+
+
+def start_from_previous_phase(model, previous, log=print, prefix: str = "pretrain") -> None:
+    """Copies the model weights (not the optimizer state) of the previous phase into `model`:
+    the weights of the model trained in this process (a list of arrays), or those of the
+    phase's final checkpoint (a path)."""
+    if isinstance(previous, Path):
+        from keras.src.saving import saving_lib
+
+        saving_lib.load_weights_only(model, str(previous), objects_to_skip=[model.optimizer])
+        log(f"{prefix}: starting from the previous phase's {previous.parent.name}/{previous.name} "
+            f"(fresh optimizer and schedule)")
+    else:
+        model.set_weights(previous)
+        log(f"{prefix}: starting from the previous phase's final weights (fresh optimizer and "
+            f"schedule)")
+
+
+def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, peak: float,
+                chief: bool, config_yaml: str, found, previous, log=print) -> dict:
+    """Trains one phase to its train.steps (resuming from `found`, its latest checkpoint;
+    else starting from `previous`, the previous phase's model or checkpoint; else from
+    model.init_from or random weights), then evaluates it on its held-out records."""
+    config, prefix = phase.config, phase.prefix
+    tc, dc = config.train, config.data
+    train_data = training_data(config, paths, found[0] if found else 0, log=log,
+                               data_dir=phase.data_dir, prefix=prefix)
     eval_data = inputs.pretraining_dataset(
-        paths.shard_pattern("eval"), tc.batch_size, dc.max_seq_length, dc.max_predictions_per_seq,
-        training=False, **masking_args(config, paths)).map(normalize_mlm_weights).with_options(
+        paths.shard_pattern("eval", phase.data_dir), tc.batch_size, dc.max_seq_length,
+        dc.max_predictions_per_seq, training=False,
+        **masking_args(config, paths)).map(normalize_mlm_weights).with_options(
             strategy_lib.shard_options("data"))
 
     with strategy.scope():
@@ -619,22 +810,29 @@ def run(config: Config, log=print) -> dict:
         PretrainingStep.prebuild(model, train_data.element_spec)
         if found:
             model.load_weights(str(found[1]))
-            log(f"pretrain: resuming from {found[1].name} (step {global_step(model)})")
+            log(f"{prefix}: resuming from {found[1].name} (step {global_step(model)})")
+        elif previous is not None:
+            start_from_previous_phase(model, previous, log, prefix)
         elif config.model.init_from:
             init_from_checkpoint(model, config, paths.vocab_file, log=log)
     start_step = global_step(model)
     params = model.count_params()
     per_token = flops_per_token(config, vocabulary_size)
-    log(f"pretrain: {config.model.preset} BERT, {params:,} parameters, "
+    log(f"{prefix}: {config.model.preset} BERT, {params:,} parameters, "
         f"{strategy.num_replicas_in_sync} replica(s) under {type(strategy).__name__} "
         f"({strategy_lib.worker_name()}), batch {tc.batch_size}"
         + (f" × {tc.grad_accum_steps} accumulated" if tc.grad_accum_steps > 1 else "")
         + f", {tc.precision}, {per_token / 1e6:,.1f} MFLOP per token")
     if chief and mlflow.active_run():
-        mlflow.log_params({"model.parameters": params, "train.replicas": strategy.num_replicas_in_sync,
-                           "train.resumed_from_step": start_step,
-                           "train.effective_batch": tc.batch_size * tc.grad_accum_steps,
-                           "train.flops_per_token": per_token, "train.peak_flops": peak})
+        # tracking.log_params: a resumed run keeps its params (a change is recorded as a tag).
+        tracking.log_params({"model.parameters": params,
+                             "train.replicas": strategy.num_replicas_in_sync,
+                             "train.effective_batch": tc.batch_size * tc.grad_accum_steps,
+                             "train.flops_per_token": per_token, "train.peak_flops": peak})
+        mlflow.set_tag("train.resumed_from_step", str(start_step))
+        if start_step:
+            mlflow.log_metric("resumed_from_step", start_step, step=start_step)
+        models.params.log_to_mlflow(model)  # params/params.{json,txt}, params_* metrics
 
     logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length, log=log,
                         to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
@@ -651,7 +849,7 @@ def run(config: Config, log=print) -> dict:
                 initial_epoch=start_step // chunk,
                 epochs=math.ceil(tc.steps / chunk),
                 callbacks=[logger, guard, StopAt(tc.steps),
-                           Checkpointer(paths.checkpoint_dir, tc.keep_checkpoints, config_yaml,
+                           Checkpointer(phase.checkpoint_dir, tc.keep_checkpoints, config_yaml,
                                         chief, guard)],
                 shuffle=False,  # tf.data shuffles
                 verbose=0,
@@ -659,17 +857,19 @@ def run(config: Config, log=print) -> dict:
         except tf.errors.ResourceExhaustedError as err:
             raise PretrainError(oom_message(config, strategy)) from err
         if guard.bad_step is not None:
-            last = latest_checkpoint(paths.checkpoint_dir)
+            last = latest_checkpoint(phase.checkpoint_dir)
             kept = (f"the last good checkpoint {last[1].name} (step {last[0]}) is kept and a "
                     f"re-run resumes from it" if last else "no checkpoint was written")
+            key = f"train.phases[{phase.index - 1}]." if phase.index else "train."
             raise PretrainError(
+                f"{'' if not phase.index else phase.name + ': '}"
                 f"training stopped at step {guard.bad_step}: {guard.what} (not finite); {kept}. "
-                f"Lower train.learning_rate (now {tc.learning_rate:g}) or lengthen "
-                f"train.warmup_steps (now {tc.warmup_steps}), clip harder with train.clipnorm "
+                f"Lower {key}learning_rate (now {tc.learning_rate:g}) or lengthen "
+                f"{key}warmup_steps (now {tc.warmup_steps}), clip harder with train.clipnorm "
                 f"(now {tc.clipnorm:g}; 1.0 is BERT's), or change train.precision (now "
                 f"{tc.precision}; mixed_float16 overflows most easily, float32 least)")
     else:
-        log(f"pretrain: already trained to step {start_step} (train.steps = {tc.steps}); "
+        log(f"{prefix}: already trained to step {start_step} (train.steps = {tc.steps}); "
             f"evaluating and exporting")
 
     # Held-out evaluation.
@@ -682,27 +882,17 @@ def run(config: Config, log=print) -> dict:
             raise PretrainError(oom_message(config, strategy)) from err
     results = {f"eval_{k}": v for k, v in scalar_logs(results).items()}
     results["step"] = global_step(model)
-    log(f"pretrain: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "
+    log(f"{prefix}: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "
         f"NSP accuracy {results.get('eval_nsp_accuracy', float('nan')):.4f}, "
         f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
     digest = weights_digest(model)
-    log(f"pretrain: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
-
-    if chief:
-        artifacts.write_text_atomic(paths.pretrain_eval, json.dumps(results, indent=2))
-        artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
-        export(model, paths)
-        if mlflow.active_run():
-            mlflow.set_tag("pretrain.weights_sha256", digest)
-            mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
-                               step=results["step"])
-            mlflow.log_artifact(str(paths.pretrain_eval), "pretrain")
-            mlflow.log_artifact(str(paths.pretrain_config), "pretrain")
-            mlflow.log_artifact(str(paths.model_keras), "model")
-            mlflow.log_artifacts(str(paths.saved_model), "model/saved_model")
-            review_plots(model, config, paths, logger.history, log)
-    return {"parameters": params, "start_step": start_step, "weights_sha256": digest,
-            "history": logger.history, **results}
+    log(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
+    if chief and phase.index and mlflow.active_run():
+        mlflow.set_tag("pretrain.weights_sha256", digest)
+        mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
+                           step=results["step"])
+    return {"model": model, "parameters": params, "start_step": start_step,
+            "weights_sha256": digest, "history": logger.history, "results": results}
 
 
 def review_plots(model, config: Config, paths: Artifacts, history: list, log=print) -> None:
