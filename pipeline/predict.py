@@ -7,12 +7,17 @@ graph (the `TextPreprocessor` the training features were made with), then the Ke
     classification:   text (, text_pair) -> {"label": string (batch,), "scores": (batch, classes)}
     regression:       text (, text_pair) -> {"score": (batch,)}
     semantic_search:  text               -> {"embedding": (batch, hidden)}, L2-normalised
+    token_classification: text -> {"words", "labels", "scores": (batch, max_words), "word_count"}
+    question_answering:   question, context -> {"answer", "score", "null_score", "start", "end"}
+    (the last two: whitespace word split / basic tokens, windows, n-best search in the graph;
+    see pipeline/word_serving.py)
 
 Load it anywhere TensorFlow and tensorflow-text are installed (`import tensorflow_text` first
 registers the tokenizer ops): `tf.saved_model.load(dir).signatures["serving_default"](text=...)`.
 `RawTextModel` wraps it as an MLflow pyfunc (logged and registered by the finetune stage).
 
-Command line (token classification and QA run the `.keras` model with the same tokenizer):
+Command line (every task through its SavedModel; a model folder written before token
+classification and QA had one falls back to the `.keras` model and the Python tokenization):
 
     python -m pipeline predict --model runs/default/finetune/brown_genre --text "The jury said ..."
     python -m pipeline predict --model runs/default/finetune/brown_genre --file texts.txt
@@ -20,6 +25,7 @@ Command line (token classification and QA run the `.keras` model with the same t
     python -m pipeline predict --model DIR --text "A" --text-pair "B"              # sentence pairs
     python -m pipeline predict --model DIR --question "Who?" --context "..."      # QA
     python -m pipeline predict --model DIR --documents docs.txt --query "..." --top-k 5  # search
+    python -m pipeline predict --model DIR --documents long.txt --query "..." --passages  # long docs
 
 `--file`: one example per line (sentence pairs: text TAB text_pair; QA: JSON lines with
 "question" and "context"); `-` reads standard input. Output: one JSON object per example.
@@ -38,7 +44,9 @@ import mlflow
 import numpy as np
 import pandas as pd  # noqa: F401 - the pyfunc's type hints
 
-SERVING_TASKS = ("classification", "regression", "semantic_search")
+SERVING_TASKS = ("classification", "regression", "semantic_search", "token_classification",
+                 "question_answering")
+WORD_TASKS = ("token_classification", "question_answering")  # pipeline/word_serving.py
 SIGNATURE = "serving_default"
 
 
@@ -82,13 +90,29 @@ def build_serving_module(model, preprocessor, task: str, labels=None, pair: bool
 
 
 def export_text_model(model, preprocessor, folder, task: str, labels=None,
-                      pair: bool = False) -> None:
-    """Writes the raw-string SavedModel to `folder` (which must not exist yet)."""
+                      pair: bool = False, options: dict | None = None) -> None:
+    """Writes the raw-string SavedModel to `folder` (which must not exist yet). `options`: for
+    question answering, max_query_length, doc_stride, n_best, max_answer_length, version_2 and
+    null_score_threshold (the task.json keys; a missing one takes finetune.*'s default)."""
+    import dataclasses
+
     import tensorflow as tf
+
+    from pipeline import word_serving
+    from pipeline.config import FinetuneConfig
 
     if task not in SERVING_TASKS:
         raise ValueError(f"no raw-text SavedModel for task {task!r}; {SERVING_TASKS} have one")
-    module = build_serving_module(model, preprocessor, task, labels, pair)
+    if task == "token_classification":
+        module = word_serving.build_token_module(model, preprocessor, labels)
+    elif task == "question_answering":
+        keys = ("max_query_length", "doc_stride", "n_best", "max_answer_length", "version_2",
+                "null_score_threshold")
+        settings = {**{k: v for k, v in dataclasses.asdict(FinetuneConfig()).items()
+                       if k in keys}, **{k: v for k, v in (options or {}).items() if k in keys}}
+        module = word_serving.build_qa_module(model, preprocessor, **settings)
+    else:
+        module = build_serving_module(model, preprocessor, task, labels, pair)
     tf.saved_model.save(module, str(folder), signatures={SIGNATURE: module.serve})
 
 
@@ -118,13 +142,51 @@ def run_saved_model(serve, texts, pairs=None, batch_size: int = 256) -> dict:
     return out
 
 
+def run_token_model(serve, texts, batch_size: int = 256) -> list[dict]:
+    """Token classification SavedModel on raw texts: per text {"words", "labels", "scores"}
+    (lists, one entry per whitespace-separated word)."""
+    import tensorflow as tf
+
+    rows = []
+    for start in range(0, len(texts), batch_size):
+        out = {k: v.numpy() for k, v in
+               serve(text=tf.constant(list(texts[start:start + batch_size]))).items()}
+        for i, n in enumerate(out["word_count"]):
+            rows.append({"words": [w.decode("utf-8") for w in out["words"][i, :n]],
+                         "labels": [t.decode("utf-8") for t in out["labels"][i, :n]],
+                         "scores": [float(x) for x in out["scores"][i, :n]]})
+    return rows
+
+
+def run_qa_model(serve, questions, contexts, batch_size: int = 64) -> list[dict]:
+    """QA SavedModel on raw (question, context) strings: per question {"answer", "score",
+    "null_score", "start", "end"} (character offsets into the context; -1 for no answer)."""
+    import tensorflow as tf
+
+    if len(questions) != len(contexts):
+        raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
+    rows = []
+    for start in range(0, len(questions), batch_size):
+        out = {k: v.numpy() for k, v in
+               serve(question=tf.constant(list(questions[start:start + batch_size])),
+                     context=tf.constant(list(contexts[start:start + batch_size]))).items()}
+        for i in range(len(out["answer"])):
+            rows.append({"answer": out["answer"][i].decode("utf-8"),
+                         "score": float(out["score"][i]),
+                         "null_score": float(out["null_score"][i]),
+                         "start": int(out["start"][i]), "end": int(out["end"][i])})
+    return rows
+
+
 # ---------------------------------------------------------------------------
 # MLflow pyfunc wrapper
 # ---------------------------------------------------------------------------
 class RawTextModel(mlflow.pyfunc.PythonModel):
     """MLflow pyfunc over the raw-text SavedModel: a DataFrame with a "text" column (and
     "text_pair" for pair models) in; a DataFrame out (classification: "label" and one
-    "score_<label>" column per class; regression: "score"; semantic search: "embedding")."""
+    "score_<label>" column per class; regression: "score"; semantic search: "embedding";
+    token classification: "words", "labels", "scores" (a list per text); question answering:
+    "question" and "context" columns in, "answer", "score", "null_score", "start", "end" out)."""
 
     def load_context(self, context):
         self.task = json.loads(Path(context.artifacts["task"]).read_text())
@@ -134,7 +196,15 @@ class RawTextModel(mlflow.pyfunc.PythonModel):
                 params: dict | None = None) -> "pd.DataFrame":
         import pandas as pd
 
+        if self.task["task"] == "question_answering":
+            return pd.DataFrame(run_qa_model(self.serve,
+                                             model_input["question"].astype(str).tolist(),
+                                             model_input["context"].astype(str).tolist()),
+                                columns=["answer", "score", "null_score", "start", "end"])
         texts = model_input["text"].astype(str).tolist()
+        if self.task["task"] == "token_classification":
+            return pd.DataFrame(run_token_model(self.serve, texts),
+                                columns=["words", "labels", "scores"])
         pairs = model_input["text_pair"].astype(str).tolist() if self.task.get("pair") else None
         out = run_saved_model(self.serve, texts, pairs)
         if self.task["task"] == "classification":
@@ -158,6 +228,8 @@ def log_to_mlflow(folder, task_info: dict, registered_model: str = "") -> tuple[
     folder = Path(folder)
     columns = [ColSpec("string", "text")] + ([ColSpec("string", "text_pair")]
                                              if task_info.get("pair") else [])
+    if task_info.get("task") == "question_answering":
+        columns = [ColSpec("string", "question"), ColSpec("string", "context")]
     requirements = [f"{p}=={md.version(p)}" for p in
                     ("tensorflow", "tensorflow-text", "keras", "keras-hub", "mlflow", "pandas")]
     pyfunc_logger = logging.getLogger("mlflow.pyfunc")
@@ -212,6 +284,7 @@ class Predictor:
             import keras
 
             import models.heads  # noqa: F401 - registers the task models
+            import models.window_heads  # noqa: F401 - and the long-document classifier
             from pipeline.finetune_data import TextPreprocessor, read_vocab
 
             self._model = keras.models.load_model(self.paths.model_keras, compile=False)
@@ -222,7 +295,10 @@ class Predictor:
     def texts(self, texts, pairs=None) -> list[dict]:
         if self.task == "token_classification":
             return self.tag(texts)
-        if self.task not in SERVING_TASKS:
+        if self.info.get("long_doc_aggregation", "none") != "none" and \
+                not self.paths.saved_model.exists():  # a windowed model without its export
+            return self.classify_windows(texts)
+        if self.task == "question_answering":
             raise ValueError(f"a {self.task} model takes --question/--context, not --text")
         out = run_saved_model(self.serve, texts, pairs)
         rows = []
@@ -241,44 +317,56 @@ class Predictor:
             rows.append(row)
         return rows
 
-    def tag(self, texts) -> list[dict]:
-        from pipeline.finetune_data import TokenExample, token_features, token_predictions
+    def classify_windows(self, texts) -> list[dict]:
+        """Long-document classification (.keras model): every window, aggregated in the head."""
+        from pipeline.windows import WINDOW_FEATURES, text_windows
 
         model, pre = self.keras_parts()
-        examples = [TokenExample(t.split(), []) for t in texts]
-        features = token_features(examples, pre, None)
-        logits = np.asarray(model.predict({k: features[k] for k in
-                                           ("token_ids", "segment_ids", "padding_mask")},
-                                          verbose=0)["logits"])
+        f = text_windows(texts, pre, self.info["window_stride"], self.info["max_windows"])
+        logits = np.asarray(model.predict({k: f[k] for k in WINDOW_FEATURES},
+                                          verbose=0)["logits"], np.float64)
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
         labels = self.info["labels"]
-        fallback = "O" if "O" in labels else labels[0]
-        tags = token_predictions(logits, features, examples, labels, fallback)
-        return [{"text": t, "tags": [[w, g] for w, g in zip(e.words, tg)]}
-                for t, e, tg in zip(texts, examples, tags)]
+        return [{"text": t, "label": labels[int(s.argmax())], "windows": int(n),
+                 "scores": {name: round(float(x), 6) for name, x in zip(labels, s)}}
+                for t, s, n in zip(texts, scores, f["n_windows"])]
+
+    def tag(self, texts) -> list[dict]:
+        """Per text: its whitespace-separated words with a label and its probability each
+        (the SavedModel; a folder without one: the .keras model, Python tokenization)."""
+        if self.paths.saved_model.is_dir():
+            out = run_token_model(self.serve, texts)
+        else:
+            model, pre = self.keras_parts()
+            out = python_tag(model, pre, texts, self.info["labels"])
+        return [{"text": t, "tags": [[w, g] for w, g in zip(o["words"], o["labels"])],
+                 "scores": [round(x, 6) for x in o["scores"]]} for t, o in zip(texts, out)]
 
     def answer(self, questions, contexts) -> list[dict]:
-        from pipeline.finetune_data import QAExample, qa_features, qa_predictions
-
+        """Per question: the answer span of its context ("" for none), its start + end logit
+        and character offsets (the SavedModel; a folder without one: the .keras model)."""
         if self.task != "question_answering":
             raise ValueError(f"--question/--context need a question_answering model, this one is "
                              f"{self.task}")
-        model, pre = self.keras_parts()
-        examples = [QAExample(str(i), q, c, [])
-                    for i, (q, c) in enumerate(zip(questions, contexts))]
-        info = self.info
-        features = qa_features(examples, pre, info["max_query_length"], info["doc_stride"])
-        out = model.predict({k: features[k] for k in ("token_ids", "segment_ids", "padding_mask")},
-                            verbose=0)
-        answers = qa_predictions(examples, features, np.asarray(out["start_logits"]),
-                                 np.asarray(out["end_logits"]), info["n_best"],
-                                 info["max_answer_length"], info["version_2"],
-                                 info["null_score_threshold"])
-        return [{"question": e.question, "answer": answers[e.qid]} for e in examples]
+        if self.paths.saved_model.is_dir():
+            out = run_qa_model(self.serve, questions, contexts)
+        else:
+            model, pre = self.keras_parts()
+            out = python_answer(model, pre, questions, contexts, self.info)
+        return [{"question": q, **o} for q, o in zip(questions, out)]
 
-    def search(self, documents, queries, top_k: int = 5) -> list[dict]:
+    def search(self, documents, queries, top_k: int = 5, passages: bool = False,
+               passage_length: int = 0, passage_stride: int = 0) -> list[dict]:
         if self.task != "semantic_search":
             raise ValueError(f"--documents/--query need a semantic_search model, this one is "
                              f"{self.task}")
+        if passages:  # long documents: passage vectors, document score = best passage
+            from pipeline.retrieval import search_rows
+
+            model, pre = self.keras_parts()
+            return search_rows(model, pre, documents, queries, top_k, passage_length or None,
+                               passage_stride or None)
         index = run_saved_model(self.serve, documents)["embedding"]  # (docs, hidden), unit norm
         query = run_saved_model(self.serve, queries)["embedding"]  # (queries, hidden)
         scores = query @ index.T  # cosine similarities
@@ -289,6 +377,53 @@ class Predictor:
                 {"rank": r + 1, "score": round(float(row[i]), 6), "document": documents[i]}
                 for r, i in enumerate(order)]})
         return rows
+
+
+def python_tag(model, pre, texts, labels) -> list[dict]:
+    """`run_token_model`'s output from a Keras model and the Python-side tokenization
+    (finetune_data.token_features / token_predictions): the reference the export is checked
+    against, and the fallback for model folders without a token-classification SavedModel."""
+    from pipeline.finetune_data import TokenExample, token_features, token_predictions
+
+    examples = [TokenExample(t.split(), []) for t in texts]
+    features = token_features(examples, pre, None)
+    logits = np.asarray(model.predict({k: features[k] for k in
+                                       ("token_ids", "segment_ids", "padding_mask")},
+                                      verbose=0)["logits"], np.float64)
+    fallback = "O" if "O" in labels else labels[0]
+    tags = token_predictions(logits, features, examples, labels, fallback)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    rows = []
+    for i, (example, positions) in enumerate(zip(examples, features["word_positions"])):
+        scores = [float(probs[i, p].max()) for p in positions]
+        rows.append({"words": example.words, "labels": tags[i],
+                     "scores": scores + [0.0] * (len(example.words) - len(scores))})
+    return rows
+
+
+def python_answer(model, pre, questions, contexts, info: dict) -> list[dict]:
+    """`run_qa_model`'s output from a Keras model and the Python-side tokenization
+    (finetune_data.qa_features / qa_predictions; no character offsets: start = end = -1
+    unless the answer text is found in the context)."""
+    from pipeline.finetune_data import QAExample, qa_features, qa_predictions
+
+    examples = [QAExample(str(i), q, c, []) for i, (q, c) in enumerate(zip(questions, contexts))]
+    features = qa_features(examples, pre, info["max_query_length"], info["doc_stride"])
+    out = model.predict({k: features[k] for k in ("token_ids", "segment_ids", "padding_mask")},
+                        verbose=0)
+    scores: dict = {}
+    answers = qa_predictions(examples, features, np.asarray(out["start_logits"], np.float32),
+                             np.asarray(out["end_logits"], np.float32), info["n_best"],
+                             info["max_answer_length"], info["version_2"],
+                             info["null_score_threshold"], scores=scores)
+    rows = []
+    for e in examples:
+        text = answers[e.qid]
+        start = e.context.find(text) if text else -1
+        rows.append({"answer": text, "score": scores[e.qid][0], "null_score": scores[e.qid][1],
+                     "start": start, "end": start + len(text) if start >= 0 else -1})
+    return rows
 
 
 def _read_lines(path: str) -> list[str]:
@@ -316,6 +451,13 @@ def main(argv=None) -> int:
     parser.add_argument("--documents", help="semantic search: a file with one document per line")
     parser.add_argument("--query", action="append", default=[], help="semantic search query")
     parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--passages", action="store_true",
+                        help="search: index long documents as passages (document score = best "
+                             "passage; pipeline/retrieval.py)")
+    parser.add_argument("--passage-length", type=int, default=0,
+                        help="--passages: word pieces per passage (default max_seq_length - 2)")
+    parser.add_argument("--passage-stride", type=int, default=0,
+                        help="--passages: pieces between passage starts (default half a passage)")
     parser.add_argument("--tracking-uri", default="",
                         help="for models:/ URIs (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
     args = parser.parse_args(argv)
@@ -337,7 +479,8 @@ def _predict(args) -> list[dict]:
     if args.documents or args.query:
         if not (args.documents and args.query):
             raise ValueError("semantic search needs both --documents FILE and --query TEXT")
-        return predictor.search(_read_lines(args.documents), args.query, args.top_k)
+        return predictor.search(_read_lines(args.documents), args.query, args.top_k,
+                                args.passages, args.passage_length, args.passage_stride)
     if args.question or (args.file and predictor.task == "question_answering"):
         questions, contexts = list(args.question), list(args.context)
         if args.file:
@@ -375,6 +518,14 @@ def _predict_mlflow(args, texts, pairs) -> list[dict]:
     uri = args.tracking_uri or __import__("os").environ.get("MLFLOW_TRACKING_URI") or \
         f"sqlite:///{artifacts.MLFLOW_DB}"
     mlflow.set_tracking_uri(uri)
+    if args.question or args.context:  # a question_answering model
+        if len(args.question) != len(args.context):
+            raise ValueError(f"{len(args.question)} --question but {len(args.context)} --context")
+        frame = pd.DataFrame({"question": args.question, "context": args.context})
+        out = mlflow.pyfunc.load_model(args.model).predict(frame)
+        return [{"question": q, **{k: (v.item() if hasattr(v, "item") else v)
+                                   for k, v in row.items()}}
+                for q, (_, row) in zip(args.question, out.iterrows())]
     if args.file:
         texts += _read_lines(args.file)
     frame = pd.DataFrame({"text": texts})

@@ -186,6 +186,8 @@ def test_token_classification_first_piece_labels(tmp_path, encoder_files):
     assert set(results["baselines"]) == {"majority", "most_frequent_tag"}
     # The per-word baseline learns this fixture exactly (a tag is a function of the word).
     assert results["baselines"]["most_frequent_tag"]["f1"] == pytest.approx(1.0)
+    # The raw-string SavedModel (in-graph word split) == the .keras model + Python tokenization.
+    assert results["export_mismatches"] == 0 and results["export_max_abs_diff"] < 1e-5
     rows = predict.Predictor(results["output_dir"]).tag(["the cat sat", "river"])
     assert [w for w, _ in rows[0]["tags"]] == ["the", "cat", "sat"]
     assert {t for r in rows for _, t in r["tags"]} <= {"O", "B-ANI", "B-LOC"}
@@ -213,6 +215,8 @@ def test_question_answering_squad_v2(tmp_path, encoder_files):
         results = finetune.run(config)
     assert {"exact_match", "f1", "total"} <= set(results["test"])
     assert 0 <= results["test"]["f1"] <= 100
+    # The raw-string SavedModel (in-graph windows, n-best search) == the Python-side answers.
+    assert results["export_mismatches"] == 0 and results["export_max_abs_diff"] < 1e-5
     rows = predict.Predictor(results["output_dir"]).answer(["where?"], ["The cat sat near a tree."])
     assert isinstance(rows[0]["answer"], str)
 
