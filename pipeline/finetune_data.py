@@ -39,6 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.windows import is_max_context as _max_context  # BERT's _check_is_max_context
+from pipeline.windows import spans as window_spans
+
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
 
@@ -739,19 +742,6 @@ def basic_tokens(text: str) -> list[tuple[str, int, int]]:
     return [(m.group(), m.start(), m.end()) for m in _BASIC_TOKEN.finditer(text)]
 
 
-def _max_context(windows, position_in_doc, window_index) -> bool:
-    """BERT's _check_is_max_context: is this window the one with the most context around it?"""
-    best, best_index = None, None
-    for w, (start, length) in enumerate(windows):
-        end = start + length - 1
-        if position_in_doc < start or position_in_doc > end:
-            continue
-        score = min(position_in_doc - start, end - position_in_doc) + 0.01 * length
-        if best is None or score > best:
-            best, best_index = score, w
-    return best_index == window_index
-
-
 def qa_features(examples: list, pre: TextPreprocessor, max_query_length: int,
                 doc_stride: int) -> dict:
     """[CLS] question [SEP] context window [SEP] features, several windows per long context.
@@ -792,13 +782,7 @@ def qa_features(examples: list, pre: TextPreprocessor, max_query_length: int,
             raise FinetuneDataError(f"finetune.max_seq_length {seq} leaves no room for the context "
                                     f"after a question of {len(q)} pieces; lower "
                                     f"max_query_length")
-        windows, start = [], 0
-        while True:
-            length = min(len(doc_ids) - start, room)
-            windows.append((start, length))
-            if start + length >= len(doc_ids):
-                break
-            start += min(length, doc_stride)
+        windows = window_spans(len(doc_ids), room, doc_stride)  # shared with long documents
         for w, (start, length) in enumerate(windows):
             ids = [pre.cls_id] + q + [pre.sep_id] + doc_ids[start:start + length] + [pre.sep_id]
             offset = len(q) + 2
@@ -828,7 +812,8 @@ def qa_features(examples: list, pre: TextPreprocessor, max_query_length: int,
 
 def qa_predictions(examples: list, features: dict, start_logits: np.ndarray,
                    end_logits: np.ndarray, n_best: int = 20, max_answer_length: int = 30,
-                   version_2: bool = False, null_score_threshold: float = 0.0) -> dict:
+                   version_2: bool = False, null_score_threshold: float = 0.0,
+                   scores: dict | None = None) -> dict:
     """{question id: answer text} by BERT's n-best search over every window of each question.
 
     For each window, the `n_best` highest start and end logits are paired; a pair counts if
@@ -836,6 +821,7 @@ def qa_predictions(examples: list, features: dict, start_logits: np.ndarray,
     the start has its maximum context in this window. The score is start + end logit. With
     `version_2`, the answer is "" when the null score (min over windows of the [CLS] start +
     end logits) exceeds the best span's score by more than `null_score_threshold`.
+    `scores`, if given, receives {question id: (best span score or -inf, null score)}.
     """
     best: dict[int, tuple[float, str]] = {}
     null: dict[int, float] = {}
@@ -861,4 +847,6 @@ def qa_predictions(examples: list, features: dict, start_logits: np.ndarray,
         if version_2 and null.get(ex_index, -np.inf) - score > null_score_threshold:
             text = ""
         predictions[example.qid] = text
+        if scores is not None:
+            scores[example.qid] = (score, null.get(ex_index, -np.inf))
     return predictions
