@@ -100,6 +100,11 @@ def build_task_model(task: str, backbone, num_labels: int, fc):
     heads.freeze_backbone(backbone, fc.freeze, fc.trainable_last_n)
     if task in ("token_classification", "question_answering", "semantic_search"):
         backbone.pooled_dense.trainable = False  # these heads do not use the [CLS] pooler
+    if task == "classification" and windowed(fc):
+        from models.window_heads import BertWindowClassifier
+
+        return BertWindowClassifier(backbone, num_labels, fc.long_doc_aggregation,
+                                    dropout=fc.dropout)
     if task == "classification":
         return heads.BertClassifier(backbone, num_labels, dropout=fc.dropout)
     if task == "regression":
@@ -134,8 +139,21 @@ class Split:
     meta: dict | None = None
 
 
+def windowed(fc) -> bool:
+    """Long-document classification: every window of a text, predictions aggregated."""
+    return getattr(fc, "long_doc_aggregation", "none") != "none"
+
+
 def make_split(task: str, examples: list, pre: fd.TextPreprocessor, labels, fc,
                pair: bool) -> Split:
+    if task == "classification" and windowed(fc):  # one example = all windows of a document
+        from pipeline.windows import text_windows
+
+        f = text_windows([e.text for e in examples], pre, fc.window_stride, fc.max_windows)
+        index = {name: i for i, name in enumerate(labels)}
+        y = {"logits": np.array([index[e.label] for e in examples], np.int32)}
+        return Split(examples, {k: f[k] for k in (*INPUTS, "window_mask")}, y, None,
+                     {"n_windows": f["n_windows"], "truncated_documents": f["truncated_documents"]})
     if task in ("classification", "regression"):
         x = pre.features([e.text for e in examples],
                          [e.text_pair for e in examples] if pair else None)
@@ -161,12 +179,15 @@ def make_split(task: str, examples: list, pre: fd.TextPreprocessor, labels, fc,
     return Split(examples, x, {"similarity": np.zeros(len(examples), np.float32)})
 
 
-def compile_task(model, task: str, optimizer, jit_compile=False):
+def compile_task(model, task: str, optimizer, jit_compile=False, loss_weight: float = 1.0):
     """Loss (and metrics) per task. XLA is off by default: on CPU it made no reliable
     difference to the step time and costs seconds of compilation per run."""
     ce = keras.losses.SparseCategoricalCrossentropy
     accuracy = keras.metrics.SparseCategoricalAccuracy
     kwargs = {"optimizer": optimizer, "jit_compile": jit_compile}
+    if loss_weight != 1.0 and task != "question_answering":  # multi-task: this task's share
+        output = {"regression": "score", "semantic_search": "similarity"}.get(task, "logits")
+        kwargs["loss_weights"] = {output: float(loss_weight)}
     if task == "classification":
         model.compile(loss={"logits": ce(from_logits=True)},
                       metrics={"logits": [accuracy("accuracy")]}, **kwargs)
@@ -449,6 +470,12 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     splits = {name: make_split(task, examples, pre, data.labels, fc, data.pair)
               for name, examples in (("train", data.train), ("validation", data.validation),
                                      *data.tests.items())}
+    if task == "classification" and windowed(fc):
+        meta = splits["train"].meta
+        log(f"finetune: long documents: {meta['n_windows'].mean():.1f} windows per training "
+            f"text on average (max_windows {fc.max_windows}, stride {fc.window_stride}); "
+            f"{meta['truncated_documents']} text(s) cut after max_windows; aggregation "
+            f"{fc.long_doc_aggregation}")
     if task == "token_classification" and splits["train"].meta["truncated_words"]:
         log(f"finetune: {splits['train'].meta['truncated_words']} training words beyond "
             f"max_seq_length were cut")
@@ -532,7 +559,10 @@ def task_info(config: Config, data: fd.TaskData, lowercase: bool, model_path="")
             "max_query_length": fc.max_query_length, "doc_stride": fc.doc_stride,
             "n_best": fc.n_best, "max_answer_length": fc.max_answer_length,
             "version_2": fc.version_2, "null_score_threshold": fc.null_score_threshold,
-            "init_from": str(model_path)}
+            "init_from": str(model_path),
+            "long_doc_aggregation": getattr(fc, "long_doc_aggregation", "none"),
+            "window_stride": getattr(fc, "window_stride", 0),
+            "max_windows": getattr(fc, "max_windows", 0)}
 
 
 def write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
@@ -550,11 +580,23 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         out.task_json.write_text(json.dumps(info, indent=2))
         out.splits.write_text(json.dumps(data.splits, indent=2))
         out.config.write_text(config_lib.dump_yaml(config))
-        if task in predict.SERVING_TASKS:
+        if task in predict.SERVING_TASKS and not windowed(fc):  # windowed: just below
             predict.export_text_model(encoder, pre, out.saved_model, task, data.labels,
-                                      info["pair"])
-            results["export_max_abs_diff"] = check_export(out.saved_model, encoder, pre, data,
-                                                          info["pair"])
+                                      info["pair"], options=info)
+            if task in predict.WORD_TASKS:  # in-graph word split / windows / span search
+                results["export_max_abs_diff"], results["export_mismatches"] = \
+                    check_word_export(out.saved_model, encoder, pre, data, info)
+            else:
+                results["export_max_abs_diff"] = check_export(out.saved_model, encoder, pre,
+                                                              data, info["pair"])
+        if task == "classification" and windowed(fc):  # windows made in the graph
+            from pipeline import windows as windows_lib
+
+            windows_lib.export_window_model(encoder, pre, out.saved_model, data.labels,
+                                            fc.window_stride, fc.max_windows)
+            results["export_max_abs_diff"] = windows_lib.check_window_export(
+                out.saved_model, encoder, pre, [e.text for e in data.test[:32]],
+                fc.window_stride, fc.max_windows)
         if task == "classification":
             matrix = metrics.confusion_matrix(predictions["test"]["y_true"],
                                               predictions["test"]["y_pred"], len(data.labels))
@@ -574,8 +616,9 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
     for name, result in results.get("baselines", {}).items():
         flat.update({f"baseline_{name}_test_{k}": v for k, v in result.items()
                      if isinstance(v, float)})
-    if "export_max_abs_diff" in results:
-        flat["export_max_abs_diff"] = results["export_max_abs_diff"]
+    for key in ("export_max_abs_diff", "export_mismatches"):
+        if key in results:
+            flat[key] = float(results[key])
     flat["finetune_seconds"] = results["seconds"]
     mlflow.log_metrics(flat)
     for path in (paths.metrics, paths.splits, paths.task_json, paths.config,
@@ -614,6 +657,35 @@ def check_export(folder, encoder, pre, data, pair: bool, n: int = 32) -> float:
         return float(np.abs(probs - exported["scores"]).max())
     key = "score" if "score" in memory else "embedding"
     return float(np.abs(memory[key] - exported[key]).max())
+
+
+def check_word_export(folder, encoder, pre, data, info: dict, n: int = 32) -> tuple[float, int]:
+    """Token classification / QA: (max |exported − in-memory| score, the number of words or
+    questions whose label / answer differ) on the first test examples, raw strings into the
+    SavedModel vs. the Python tokenization + the in-memory model (pipeline.predict)."""
+    from pipeline import predict
+
+    examples = data.test[:n]
+    serve = predict.load_saved_model(folder)
+    if info["task"] == "token_classification":
+        texts = [" ".join(e.words) for e in examples]
+        exported = predict.run_token_model(serve, texts)
+        memory = predict.python_tag(encoder, pre, texts, info["labels"])
+        pairs = [(a, b) for x, y in zip(exported, memory)
+                 for a, b in zip(zip(x["labels"], x["scores"]), zip(y["labels"], y["scores"]))]
+        mismatches = sum(a[0] != b[0] for a, b in pairs) + \
+            sum(len(x["labels"]) != len(y["labels"]) for x, y in zip(exported, memory))
+        diff = max([abs(a[1] - b[1]) for a, b in pairs], default=0.0)
+        return float(diff), int(mismatches)
+    questions, contexts = [e.question for e in examples], [e.context for e in examples]
+    exported = predict.run_qa_model(serve, questions, contexts)
+    memory = predict.python_answer(encoder, pre, questions, contexts, info)
+    mismatches = sum(x["answer"] != y["answer"] for x, y in zip(exported, memory))
+    diffs = [abs(x[k] - y[k]) for x, y in zip(exported, memory) for k in ("score", "null_score")
+             if np.isfinite(x[k]) and np.isfinite(y[k])]
+    mismatches += sum(np.isfinite(x["score"]) != np.isfinite(y["score"])
+                      for x, y in zip(exported, memory))
+    return float(max(diffs, default=0.0)), int(mismatches)
 
 
 def _write_predictions(path: Path, task: str, data: fd.TaskData, prediction: dict) -> None:
@@ -695,6 +767,11 @@ def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
             if child is not None:
                 mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
             result = run(point_config, log=log, write_outputs=False)
+            if child is not None:  # the kept epoch's metrics, comparable across the points
+                mlflow.log_metrics({**{f"validation_{k}": v for k, v in
+                                       _floats(result["validation"]).items()},
+                                    **{f"test_{k}": v for k, v in
+                                       _floats(result["test"]).items()}})
         results.append({"point": point, "metric": result["metric"],
                         "validation": _floats(result["validation"]),
                         "test": _floats(result["test"]), "best_epoch": result["best_epoch"],
