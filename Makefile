@@ -101,11 +101,15 @@ bench-gpu:
 	KERAS_BACKEND=jax $(PY) bench/gpu_bench.py $(ARGS)
 
 # ---- tests ----
+# Test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
+# so module fixtures are built once). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 clean-runs:
 	rm -rf runs mlflow.db mlartifacts
