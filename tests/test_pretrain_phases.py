@@ -17,7 +17,7 @@ import pytest
 import test_training
 from pipeline import artifacts, cli, config as config_lib
 from pipeline.stages import pretrain
-from test_training import tiny_config, write_pretraining_data
+from test_training import die_after_checkpoint, tiny_config, write_pretraining_data
 
 PHASES = [(32, 5), (48, 7)]
 
@@ -183,20 +183,12 @@ def test_two_phase_resume_skips_a_finished_phase_and_continues_its_runs(tmp_path
     write_phase_data(tmp_path / "run")
     fake_export(monkeypatch, [])
 
-    class Killed(Exception):
-        pass
-
-    save = pretrain.Checkpointer.save
-
-    def save_then_die(self):
-        save(self)
-        if self.dir.name == "phase2" and pretrain.global_step(self.model) == 1:
-            raise Killed
-
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save_then_die)
+    revive = die_after_checkpoint(
+        monkeypatch,
+        lambda ckpt: ckpt.dir.name == "phase2" and pretrain.global_step(ckpt.model) == 1)
     config = phase_config(tmp_path)
     assert run_cli(config) == cli.EXIT_FAILED
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save)
+    revive()
     lines = []
     assert run_cli(config, lines) == cli.EXIT_OK
 
@@ -225,24 +217,15 @@ def test_resumed_training_continues_the_same_mlflow_run(tmp_path, monkeypatch):
     write_pretraining_data(tmp_path / "run")
     fake_export(monkeypatch, [])
 
-    class Killed(Exception):
-        pass
-
-    save = pretrain.Checkpointer.save
-
-    def save_then_die(self):
-        save(self)
-        if pretrain.global_step(self.model) == 3:
-            raise Killed
-
     config = tiny_config(tmp_path / "run", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                          "tracking.experiment=phases", "train.steps=6", "train.checkpoint_every=3",
                          "train.warmup_steps=2")
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save_then_die)
+    revive = die_after_checkpoint(monkeypatch,
+                                  lambda ckpt: pretrain.global_step(ckpt.model) == 3)
     assert run_cli(config) == cli.EXIT_FAILED
     paths = artifacts.Artifacts(config.run_dir)
     recorded = json.loads(paths.pretrain_run_file.read_text())["run_id"]
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save)
+    revive()
     lines = []
     assert run_cli(config, lines) == cli.EXIT_OK
     assert any("resuming from ckpt-00000003.weights.h5 (step 3)" in line for line in lines)

@@ -164,6 +164,24 @@ def test_xla_compiled_steps_match_plain_ones(tmp_path):
     np.testing.assert_allclose(runs["true"], runs["false"], rtol=1e-4)
 
 
+class Killed(Exception):
+    """A simulated kill -9 right after a checkpoint was written."""
+
+
+def die_after_checkpoint(monkeypatch, when):
+    """Makes `Checkpointer.save` raise Killed right after saving when `when(checkpointer)` holds;
+    returns the function that puts the real `save` back."""
+    save = pretrain.Checkpointer.save
+
+    def save_then_die(self):
+        save(self)
+        if when(self):
+            raise Killed
+
+    monkeypatch.setattr(pretrain.Checkpointer, "save", save_then_die)
+    return lambda: monkeypatch.setattr(pretrain.Checkpointer, "save", save)
+
+
 def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
     """6 steps straight vs 3 steps, killed, resumed for 3: the same batches and losses."""
     no_export(monkeypatch)
@@ -172,20 +190,10 @@ def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
     args = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2"]
     straight = pretrain.run(tiny_config(tmp_path / "straight", *args), log=lambda line: None)
 
-    class Killed(Exception):
-        pass
-
-    save = pretrain.Checkpointer.save
-
-    def save_then_die(self):
-        save(self)
-        if pretrain.global_step(self.model) == 3:
-            raise Killed
-
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save_then_die)
+    revive = die_after_checkpoint(monkeypatch, lambda ckpt: pretrain.global_step(ckpt.model) == 3)
     with pytest.raises(Killed):
         pretrain.run(tiny_config(tmp_path / "killed", *args), log=lambda line: None)
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save)
+    revive()
     lines = []
     resumed = pretrain.run(tiny_config(tmp_path / "killed", *args), log=lines.append)
 
