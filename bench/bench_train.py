@@ -9,7 +9,9 @@ the speed does not depend on the text) fed from memory.
 
 - ours: the pretrain stage's building blocks (pipeline/stages/pretrain.py: build_model,
   build_optimizer, compile_model with our train step, gradient clipping), `model.fit` on a
-  repeated tf.data batch; MLM logits on the masked positions only. Also in mixed_bfloat16.
+  repeated tf.data batch; MLM logits on the masked positions only; XLA as the pipeline
+  decides by default (`train.jit_compile=auto`: on for one replica; `--jit false` for the
+  plain graph). Also in mixed_bfloat16.
 - transformers: `BertForPreTraining` on PyTorch (eager, as users run it: vocabulary logits at
   every position, loss on the masked ones via -100 labels), torch.optim.AdamW, clipping.
 - peak: the best rate of a large float32 (and bfloat16) matmul, timed in the same run
@@ -48,7 +50,9 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--no-bf16", dest="bf16", action="store_false")
     parser.add_argument("--no-transformers", dest="transformers", action="store_false")
-    parser.add_argument("--jit", action="store_true", help="XLA for ours (default: off on CPU)")
+    parser.add_argument("--jit", default="auto", choices=("auto", "true", "false"),
+                        help="train.jit_compile for ours (auto, the pipeline's default: XLA on "
+                             "for one replica)")
     parser.add_argument("--peak-seconds", type=float, default=2.0)
     return parser.parse_args(argv)
 
@@ -66,7 +70,7 @@ def synthetic(batch, seed=0):
     return dict(ids=ids_masked, segments=segments, positions=positions, labels=labels, nsp=nsp)
 
 
-def bench_ours(preset, data, steps, warmup, precision="float32", jit=False):
+def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto"):
     import keras
     import tensorflow as tf
 
@@ -77,7 +81,7 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit=False):
     config = config_lib.load(None, [
         f"model.preset={preset}", "model.dropout=0.1", f"train.batch_size={batch}",
         f"train.steps={warmup + steps}", "train.warmup_steps=1", "train.learning_rate=0.0001",
-        f"train.precision={precision}", f"train.jit_compile={'true' if jit else 'false'}",
+        f"train.precision={precision}", f"train.jit_compile={jit}",
         f"data.max_seq_length={SEQ}", f"data.max_predictions_per_seq={PREDICTIONS}"])
     keras.utils.set_random_seed(0)
     model = pretrain.build_model(config, VOCAB)
@@ -102,7 +106,8 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit=False):
     elapsed = times[-1] - times[warmup - 1]
     loss = float(np.ravel(model.get_metrics_result()["loss"])[0])
     return {"tokens_per_second": steps * batch * SEQ / elapsed, "seconds_per_step":
-            elapsed / steps, "loss": loss, "parameters": model.count_params()}
+            elapsed / steps, "loss": loss, "parameters": model.count_params(),
+            "versions": f"XLA {'on' if model.jit_compile else 'off'}"}
 
 
 def bench_transformers(preset, data, steps, warmup):
@@ -181,7 +186,7 @@ def main(argv=None) -> dict:
             num_predictions=PREDICTIONS)
         row = {"flops_per_token": per_token}
         row["ours"] = bench_ours(preset, data, args.steps, args.warmup, jit=args.jit)
-        report(preset, "ours float32", row["ours"], per_token)
+        report(preset, "ours float32", row["ours"], per_token, note=row["ours"]["versions"])
         if not missing:
             row["transformers"] = bench_transformers(preset, data, args.steps, args.warmup)
             report(preset, "transformers float32", row["transformers"], per_token,
@@ -189,7 +194,8 @@ def main(argv=None) -> dict:
         if args.bf16:
             row["ours_bf16"] = bench_ours(preset, data, args.steps, args.warmup,
                                           precision="mixed_bfloat16", jit=args.jit)
-            report(preset, "ours mixed_bfloat16", row["ours_bf16"], per_token)
+            report(preset, "ours mixed_bfloat16", row["ours_bf16"], per_token,
+                   note=row["ours_bf16"]["versions"])
         results[preset] = row
 
     # The peak again after the models (the machine's load changes): the higher one counts.

@@ -152,8 +152,8 @@ class TrainConfig:
     # float32 | mixed_bfloat16 (CPU, TPU, Ampere+ GPUs) | mixed_float16 (GPUs; with dynamic
     # loss scaling). Variables stay float32 either way.
     precision: str = "float32"
-    # XLA compilation of the train step: auto (Keras decides: on for a single GPU, off on CPU
-    # and under tf.distribute) | true | false.
+    # XLA compilation of the train step: auto (on for a single replica, CPU or GPU; Keras'
+    # own choice under a multi-replica or TPU strategy, i.e. off) | true | false.
     jit_compile: str = "auto"
     checkpoint_every: int = 200
     keep_checkpoints: int = 3

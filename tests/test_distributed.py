@@ -26,9 +26,11 @@ from test_training import tiny_config, write_pretraining_data
 PROJECT = artifacts.PROJECT_ROOT
 RTOL = 1e-4
 # Global batch 8 (4 per replica), clipping at 0.5 (every gradient norm here is above it),
-# data sharding by record, so every setup sees the same global batches.
+# data sharding by record, so every setup sees the same global batches. XLA as the pipeline
+# decides by default: on for the one-device reference, off under the two-replica strategies.
 ARGS = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2",
-        "train.batch_size=8", "train.clipnorm=0.5", "train.data_sharding=data"]
+        "train.batch_size=8", "train.clipnorm=0.5", "train.data_sharding=data",
+        "train.jit_compile=auto"]
 
 DRIVER = r"""
 import json, sys
@@ -108,8 +110,10 @@ def runs(tmp_path_factory):
         export = pretrain.export
         pretrain.export = lambda model, paths: None
         try:
+            reference_log = []
             reference = pretrain.run(tiny_config(root / "reference", *ARGS),
-                                     log=lambda line: None)
+                                     log=reference_log.append)
+            reference["log"] = "\n".join(reference_log)
         finally:
             pretrain.export = export
         results = {name: finish(process) for name, process in processes.items()}
@@ -133,12 +137,14 @@ def assert_same_curve(history, reference, rtol):
 
 def test_reference_run_clips_every_update(runs):
     assert all(metrics["grad_norm"] > 0.5 for _, metrics in runs["reference"]["history"])
+    assert ", XLA on," in runs["reference"]["log"]  # train.jit_compile=auto, one replica
 
 
 def test_two_workers_match_one_worker_with_the_same_global_batch(runs):
     chief, worker = runs["worker0"], runs["worker1"]
     assert "2 replica(s) under CollectiveAllReduceStrategy (worker 0 of 2)" in chief["log"]
     assert "(worker 1 of 2)" in worker["log"]
+    assert ", XLA off," in chief["log"] and ", XLA off," in worker["log"]
     assert chief["step"] == worker["step"] == 6
     # Synchronous training: bit-identical weights on both workers.
     assert chief["weights_sha256"] == worker["weights_sha256"]
@@ -176,5 +182,6 @@ def test_only_the_chief_locks_the_run_dir_and_records_mlflow_runs(runs):
 def test_mirrored_on_two_logical_cpus_matches_one_device(runs):
     mirrored = runs["mirrored"]
     assert "2 replica(s) under MirroredStrategy" in mirrored["log"]
+    assert ", XLA off," in mirrored["log"]
     assert_same_curve(mirrored["history"], runs["reference"]["history"], rtol=RTOL)
     np.testing.assert_allclose(mirrored["eval_loss"], runs["reference"]["eval_loss"], rtol=RTOL)

@@ -289,6 +289,19 @@ def models_encoder_params(layers, hidden, intermediate):
                if "transformer_layer" in w.path and "kernel" in w.path)
 
 
+def test_jit_compile_auto_is_xla_for_one_replica_only():
+    class Replicas:
+        def __init__(self, n):
+            self.num_replicas_in_sync = n
+
+    one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert pretrain.resolve_jit_compile("auto", tf.distribute.get_strategy()) is True
+    assert pretrain.resolve_jit_compile("auto", one_device) is True
+    assert pretrain.resolve_jit_compile("auto", Replicas(2)) == "auto"  # Keras: off
+    assert pretrain.resolve_jit_compile("true", Replicas(2)) is True
+    assert pretrain.resolve_jit_compile("false", one_device) is False
+
+
 def test_strategy_helpers(monkeypatch):
     cluster = {"worker": ["a:1", "b:2"]}
     cases = [(None, True), ({"cluster": cluster, "task": {"type": "worker", "index": 0}}, True),
