@@ -22,6 +22,8 @@ FLOPs per second (models/flops.py: encoder, attention, MLM decoder on the masked
 NSP; training = 3 × forward) / the matmul peak of the same dtype. The contenders alternate
 (ours, theirs, ours bf16, per model) and each is timed over `--steps` steps after
 `--warmup` untimed ones; the machine is shared, so rerun for stable figures.
+Also printed: the ceiling, the tokens/s of every model FLOP at the float32 matmul peak (MFU 100%),
+and its ratio to transformers' figure: no float32 build of the same model beats it here.
 The last line reads `bench-train: vs-transformers <x> mfu <y>`: x = our float32 tokens/s
 over transformers' on BERT-small, y = our float32 MFU on BERT-small, in percent.
 """
@@ -222,6 +224,14 @@ def main(argv=None) -> dict:
                     else "-")
             print(f"{preset:<7}{name:<22}{tps:>10,.0f}{row[key]['seconds_per_step']:>8.2f}"
                   f"{rate / 1e9:>15,.1f}{row[key]['mfu']:>7.1%}{ratio:>17}{bf16:>11}")
+    # What no float32 implementation of the same model can beat on this machine: every model
+    # FLOP at the matmul peak (MFU 100%), and that rate over the transformers figure.
+    for preset, row in results.items():
+        ceiling = peaks["float32"] / row["flops_per_token"]
+        theirs = row.get("transformers", {}).get("tokens_per_second")
+        print(f"bench-train: {preset} ceiling (every model FLOP at the float32 matmul peak): "
+              f"{ceiling:,.0f} tokens/s" + (f" = {ceiling / theirs:.2f}x transformers"
+                                             if theirs else ""), flush=True)
     summary = results.get("small") or results[list(results)[-1]]
     theirs = summary.get("transformers", {}).get("tokens_per_second")
     vs = f"{summary['ours']['tokens_per_second'] / theirs:.2f}" if theirs else "n/a"
