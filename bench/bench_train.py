@@ -109,7 +109,7 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto"):
     loss = float(np.ravel(model.get_metrics_result()["loss"])[0])
     return {"tokens_per_second": steps * batch * SEQ / elapsed, "seconds_per_step":
             elapsed / steps, "loss": loss, "parameters": model.count_params(),
-            "versions": f"XLA {'on' if model.jit_compile else 'off'}"}
+            "note": f"XLA {'on' if model.jit_compile else 'off'}"}
 
 
 def bench_transformers(preset, data, steps, warmup):
@@ -146,7 +146,7 @@ def bench_transformers(preset, data, steps, warmup):
     return {"tokens_per_second": steps * len(ids) * SEQ / elapsed,
             "seconds_per_step": elapsed / steps, "loss": float(loss.detach()),
             "parameters": sum(p.numel() for p in model.parameters()),
-            "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}
+            "note": f"torch {torch.__version__}, transformers {transformers.__version__}"}
 
 
 def transformers_missing() -> str:
@@ -188,16 +188,16 @@ def main(argv=None) -> dict:
             num_predictions=PREDICTIONS)
         row = {"flops_per_token": per_token}
         row["ours"] = bench_ours(preset, data, args.steps, args.warmup, jit=args.jit)
-        report(preset, "ours float32", row["ours"], per_token, note=row["ours"]["versions"])
+        report(preset, "ours float32", row["ours"], per_token, note=row["ours"]["note"])
         if not missing:
             row["transformers"] = bench_transformers(preset, data, args.steps, args.warmup)
             report(preset, "transformers float32", row["transformers"], per_token,
-                   note=row["transformers"]["versions"])
+                   note=row["transformers"]["note"])
         if args.bf16:
             row["ours_bf16"] = bench_ours(preset, data, args.steps, args.warmup,
                                           precision="mixed_bfloat16", jit=args.jit)
             report(preset, "ours mixed_bfloat16", row["ours_bf16"], per_token,
-                   note=row["ours_bf16"]["versions"])
+                   note=row["ours_bf16"]["note"])
         results[preset] = row
 
     # The peak again after the models (the machine's load changes): the higher one counts.

@@ -126,8 +126,8 @@ def resolve_jit_compile(setting: str, strategy) -> bool | str:
 
     Keras' "auto" turns XLA off on every CPU-only machine and under any tf.distribute
     strategy, one-device included, but the XLA-compiled BERT step is the faster one on CPU
-    too (BERT-small, seq 128, batch 32 on 2 cores: about 20% more tokens/s, `make
-    bench-train -- --jit` vs the default before this) and on one GPU. Several replicas and
+    too (BERT-small, seq 128, batch 32 on 2 cores: about 20% more tokens/s,
+    `bench/bench_train.py --jit true` vs `--jit false`) and on one GPU. Several replicas and
     TPUs keep Keras' choice: TPUs compile anyway, and Keras does not XLA-compile a step that
     all-reduces across replicas. Also off when op determinism is enabled (not every op
     has a deterministic XLA kernel; Keras does the same).
@@ -142,7 +142,7 @@ def resolve_jit_compile(setting: str, strategy) -> bool | str:
     return "auto"
 
 
-def compile_model(model, optimizer, jit_compile: bool | str = "auto"):
+def compile_model(model, optimizer, jit_compile: str = "auto"):
     """MLM + NSP losses, weighted accuracies, our train step (`PretrainingStep`).
 
     The MLM loss is the weighted mean over the real predictions of the whole global batch,
@@ -156,8 +156,7 @@ def compile_model(model, optimizer, jit_compile: bool | str = "auto"):
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
     model.compile(optimizer=optimizer, loss=losses,
                   weighted_metrics=models.pretraining.pretraining_metrics(),
-                  jit_compile=resolve_jit_compile(jit_compile, tf.distribute.get_strategy())
-                  if isinstance(jit_compile, str) else jit_compile)
+                  jit_compile=resolve_jit_compile(jit_compile, tf.distribute.get_strategy()))
     PretrainingStep.install(model)
 
 
