@@ -82,7 +82,7 @@ distill: setup
 predict: setup
 	$(PY) -m pipeline predict $(ARGS)
 
-# Symmetric vs passage-level semantic search on Brown: recall@k / MRR (pipeline/retrieval.py).
+# Symmetric vs passage-level semantic search on Brown: recall@k / MRR (pipeline/serving/search.py, pipeline/tools/retrieval_eval.py).
 retrieval-eval: setup
 	$(PY) -m pipeline retrieval-eval $(ARGS)
 

@@ -63,7 +63,7 @@ def prepare(work: Path) -> dict:
         return files
     from beam_jobs import vocab as vocab_job
     from pipeline import artifacts
-    from pipeline.stages.corpus import read_brown
+    from pipeline.text.sources import read_brown
 
     documents = [sentences for _, sentences in read_brown(artifacts.BROWN_TARBALL)]
     text = "\n\n".join("\n".join(sentences) for sentences in documents)

@@ -77,7 +77,7 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto"):
     import tensorflow as tf
 
     from pipeline import config as config_lib
-    from pipeline.stages import pretrain
+    from pipeline.training import pretrainer
 
     batch = len(data["ids"])
     config = config_lib.load(None, [
@@ -86,15 +86,15 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto"):
         f"train.precision={precision}", f"train.jit_compile={jit}",
         f"data.max_seq_length={SEQ}", f"data.max_predictions_per_seq={PREDICTIONS}"])
     keras.utils.set_random_seed(0)
-    model = pretrain.build_model(config, VOCAB)
-    optimizer = pretrain.build_optimizer(config.train)
-    pretrain.compile_model(model, optimizer, config.train.jit_compile)
+    model = pretrainer.build_model(config, VOCAB)
+    optimizer = pretrainer.build_optimizer(config.train)
+    pretrainer.compile_model(model, optimizer, config.train.jit_compile)
     optimizer.build(model.trainable_variables)
     x = {"token_ids": data["ids"], "segment_ids": data["segments"],
          "padding_mask": np.ones_like(data["ids"]), "mask_positions": data["positions"]}
     y = {"mlm": data["labels"], "nsp": data["nsp"]}
     sw = {"mlm": np.ones(data["labels"].shape, "float32"), "nsp": np.ones(batch, "float32")}
-    dataset = tf.data.Dataset.from_tensors((x, y, sw)).map(pretrain.normalize_mlm_weights)
+    dataset = tf.data.Dataset.from_tensors((x, y, sw)).map(pretrainer.normalize_mlm_weights)
     dataset = dataset.cache().repeat().prefetch(2)
 
     times = []
@@ -165,7 +165,7 @@ def main(argv=None) -> dict:
 
     from models import presets
     from models.flops import training_flops_per_token
-    from pipeline.stages.pretrain import measure_peak_flops
+    from pipeline.training.mfu import measure_peak_flops
 
     missing = transformers_missing() if args.transformers else "skipped (--no-transformers)"
     if missing:
@@ -231,7 +231,7 @@ def main(argv=None) -> dict:
         theirs = row.get("transformers", {}).get("tokens_per_second")
         print(f"bench-train: {preset} ceiling (every model FLOP at the float32 matmul peak): "
               f"{ceiling:,.0f} tokens/s" + (f" = {ceiling / theirs:.2f}x transformers"
-                                             if theirs else ""), flush=True)
+                                            if theirs else ""), flush=True)
     summary = results.get("small") or results[list(results)[-1]]
     theirs = summary.get("transformers", {}).get("tokens_per_second")
     vs = f"{summary['ours']['tokens_per_second'] / theirs:.2f}" if theirs else "n/a"

@@ -34,7 +34,7 @@ Command line (the `params` tool of `python -m pipeline`):
     python -m pipeline params --model runs/default/pretrain/model.keras [--json]
 
 The pretrain stage logs `params/params.json`, `params/params.txt` and `params_*` metrics to
-its MLflow run (`log_to_mlflow`).
+its MLflow run (`pipeline.tracking.runs.log_parameter_breakdown`).
 
     >>> from models import build_pretrainer
     >>> breakdown = parameter_breakdown(build_pretrainer(100, "tiny", max_sequence_length=32))
@@ -408,19 +408,6 @@ def format_table(breakdown: ParameterBreakdown) -> str:
     return "\n".join(lines)
 
 
-def log_to_mlflow(model, artifact_dir: str = "params") -> ParameterBreakdown:
-    """Logs `<artifact_dir>/params.json`, `params.txt` and `params_*` metrics to the active run."""
-    import mlflow
-
-    breakdown = parameter_breakdown(model)
-    mlflow.log_dict(breakdown.to_dict(), f"{artifact_dir}/params.json")
-    mlflow.log_text(breakdown.format_table() + "\n", f"{artifact_dir}/params.txt")
-    metrics = {f"params_{k}": float(v) for k, v in breakdown.summary().items()}
-    metrics.update({f"params_{k}": float(v) for k, v in breakdown.ratios.items()})
-    mlflow.log_metrics(metrics)
-    return breakdown
-
-
 # ---------------------------------------------------------------------------
 # Command line: python -m pipeline params ...
 # ---------------------------------------------------------------------------
@@ -454,8 +441,8 @@ def load_keras(path) -> object:
 
     import keras
 
-    import models  # noqa: F401 - registers BertEncoder / BertPretrainer
     import models.heads  # noqa: F401 - registers the fine-tuning models
+    import models.pretraining  # noqa: F401 - registers BertEncoder / BertPretrainer
 
     try:
         with warnings.catch_warnings():

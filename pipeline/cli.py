@@ -8,7 +8,7 @@ Each invocation is one MLflow parent run with a nested run per stage.
 
 A stage whose inputs, settings and code are unchanged since it last completed
 is reused (recorded on the parent run as `stage.<name> = reused`, with the run
-that produced it); `--force` runs it again. See pipeline/lineage.py. Training
+that produced it); `--force` runs it again. See pipeline/tracking/lineage.py. Training
 that was interrupted resumes from its latest checkpoint and continues its MLflow run.
 Under train.strategy = multi_worker run the same command on every worker: only the
 chief takes the run directory's lock and records MLflow runs.
@@ -25,15 +25,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib
 import json
 import os
 import sys
 import traceback
-import types
 from pathlib import Path
 
-STAGES = ("corpus", "vocab", "data", "pretrain")  # `all`
-EXTRA_STAGES = ("finetune", "sweep", "multitask", "distill")  # by name, after pretraining
+from pipeline.stage_spec import STAGES as SPECS
+
+STAGES = tuple(name for name, spec in SPECS.items() if spec.in_all)  # `all`
+EXTRA_STAGES = tuple(name for name, spec in SPECS.items() if not spec.in_all)  # by name only
 
 # Exit codes (stable: schedulers act on them).
 EXIT_OK = 0               # the stages ran (or, without --scheduled, were up to date)
@@ -45,12 +47,12 @@ EXIT_ALREADY_RUNNING = 4  # another invocation holds this run directory's lock
 
 # Commands that are not pipeline stages: name -> "module:function" taking argv, returning an exit code.
 TOOLS = {
-    "fill-mask": "pipeline.inspect:main",
-    "nsp": "pipeline.inspect:main",
-    "attention": "pipeline.inspect:main",
-    "embed": "pipeline.inspect:main",
-    "predict": "pipeline.predict:main",
-    "retrieval-eval": "pipeline.retrieval:main",  # symmetric vs passage-level search on Brown
+    "fill-mask": "pipeline.tools.inspect_model:main",
+    "nsp": "pipeline.tools.inspect_model:main",
+    "attention": "pipeline.tools.inspect_model:main",
+    "embed": "pipeline.tools.inspect_model:main",
+    "predict": "pipeline.tools.predict:main",
+    "retrieval-eval": "pipeline.tools.retrieval_eval:main",  # symmetric vs passage-level search
     "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
 }
 
@@ -58,10 +60,7 @@ TOOLS = {
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TOOLS:
-        import importlib
-
-        module, function = TOOLS[argv[0]].split(":")
-        return getattr(importlib.import_module(module), function)(argv)
+        return _call(TOOLS[argv[0]], argv)
     parser = argparse.ArgumentParser(
         prog="python -m pipeline", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -82,7 +81,8 @@ def main(argv=None) -> int:
                      f"{', '.join(STAGES + EXTRA_STAGES)} or all")
     stages = [s for s in STAGES + EXTRA_STAGES if s in stages]  # always in pipeline order
 
-    from pipeline import artifacts, config as config_lib
+    from pipeline import artifacts, logs
+    from pipeline import config as config_lib
 
     try:
         config = config_lib.load(args.config, overrides)
@@ -93,38 +93,16 @@ def main(argv=None) -> int:
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = paths.logs_dir / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
 
-    def log(message: str) -> None:
-        print(message, flush=True)
-        with open(log_file, "a", encoding="utf-8") as handle:
-            handle.write(f"{datetime.datetime.now():%H:%M:%S} {message}\n")
-
+    log = logs.setup(log_file).info
     return _run(config, args.config, stages, args.force, paths, log, scheduled=args.scheduled)
 
 
 def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int:
     import mlflow
 
-    from pipeline import lineage, tracking
-    from pipeline.stages import corpus, data, finetune, pretrain, vocab
+    from pipeline.tracking import lineage
+    from pipeline.tracking import runs as tracking
 
-    modules = {"corpus": corpus, "vocab": vocab, "data": data, "pretrain": pretrain,
-               "finetune": finetune,
-               # the finetune.sweep grid, each point a run nested under this stage's run
-               "sweep": types.SimpleNamespace(run=finetune.sweep),
-               "multitask": _lazy_stage("multitask"), "distill": _lazy_stage("distill")}
-    descriptions = {
-        "corpus": "Prepared the corpus: Google format, held-out documents split off.",
-        "vocab": "Trained the WordPiece vocabulary (Beam word count + WordPiece learner).",
-        "data": "Beam job: documents → NSP pairs → masked instances → TFRecords.",
-        "pretrain": "Pretrained BERT (MLM + NSP), evaluated on held-out data, exported.",
-        "finetune": "Fine-tuned the pretrained encoder on a labelled task, evaluated, exported.",
-        "sweep": "Fine-tuning hyperparameter grid (finetune.sweep): one nested run per point, "
-                 "the best by the validation metric.",
-        "multitask": "Multi-task fine-tuning: one encoder, a head per task, batches mixed by "
-                     "ratio; compared with single-task runs (nested).",
-        "distill": "Distilled a fine-tuned classifier into a smaller student (soft targets); "
-                   "student vs teacher metric, size and speed.",
-    }
     results, ran = {}, []
     # Under train.strategy = multi_worker every worker runs this command; only the chief takes
     # the run directory's lock, creates MLflow runs and writes stage markers (it also writes
@@ -151,11 +129,11 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                                              marker.get("mlflow_run_id", ""))})
                     continue
                 # An interrupted training continues the MLflow run it recorded (pretrain).
-                resume = getattr(modules[stage], "resumable_run_id", lambda config: "")(config)
-                with (tracking.stage_run(stage, config, descriptions[stage],
+                resume = _call(SPECS[stage].resumable, config) if SPECS[stage].resumable else ""
+                with (tracking.stage_run(stage, config, SPECS[stage].description,
                                          tags=lineage.tags(stage, fp), resume_run_id=resume)
                       if chief else contextlib.nullcontext()) as run:
-                    results[stage] = modules[stage].run(config, log=log)
+                    results[stage] = importlib.import_module(SPECS[stage].module).run(config, log=log)
                     # Inputs are hashed again after the run: the stage may have created them.
                     fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
                     if chief:
@@ -184,19 +162,16 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
 
 
 def _is_chief(config) -> bool:
-    """False only on a non-chief worker of a multi_worker cluster (pipeline.strategy.is_chief)."""
-    from pipeline import strategy
+    """False only on a non-chief worker of a multi_worker cluster (pipeline.training.strategy.is_chief)."""
+    from pipeline.training import strategy as strategy_lib
 
-    return config.train.strategy != "multi_worker" or strategy.is_chief()
+    return config.train.strategy != "multi_worker" or strategy_lib.is_chief()
 
 
-def _lazy_stage(name: str):
-    """pipeline.stages.<name>, imported only when it runs."""
-    import importlib
-
-    return types.SimpleNamespace(
-        run=lambda config, log: importlib.import_module(f"pipeline.stages.{name}").run(config,
-                                                                                      log=log))
+def _call(target: str, *args):
+    """Calls "module:function" (e.g. a stage spec's `resumable`)."""
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)(*args)
 
 
 class AlreadyRunning(RuntimeError):
@@ -241,18 +216,20 @@ class RunLock:
 
 
 def _is_user_error(err: Exception) -> bool:
-    from pipeline import artifacts, config as config_lib
-    from pipeline.stages import corpus, pretrain
+    from pipeline import artifacts
+    from pipeline import config as config_lib
+    from pipeline.text import sources
+    from pipeline.training import pretrainer
 
-    if isinstance(err, (config_lib.ConfigError, corpus.CorpusError, artifacts.MissingArtifact,
-                        pretrain.PretrainError)):
+    if isinstance(err, (config_lib.ConfigError, sources.CorpusError, artifacts.MissingArtifact,
+                        pretrainer.PretrainError)):
         return True
     # Errors raised inside Beam workers arrive wrapped; our messages say how to fix them.
     return isinstance(err, ValueError) or "vocab file" in str(err) or "not UTF-8" in str(err)
 
 
 def _summary(config, paths, results, log) -> None:
-    from pipeline import tracking
+    from pipeline.tracking import runs as tracking
 
     log("")
     log("done. outputs:")

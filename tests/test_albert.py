@@ -127,12 +127,12 @@ def test_bad_embedding_dim_raises():
 
 
 def test_attention_inspection_uses_the_projection():
-    from pipeline import inspect as inspect_lib
+    from pipeline.inspection import probes
 
     keras.utils.set_random_seed(6)
     encoder = albert()
     x = encoder_part(batch(seed=6))
-    hidden, attention = inspect_lib.encoder_trace(encoder, x)
+    hidden, attention = probes.encoder_trace(encoder, x)
     assert hidden[0].shape[-1] == H and len(hidden) == L + 1 and attention.shape[1] == L
     np.testing.assert_allclose(hidden[-1], np.asarray(encoder(x)["sequence_output"]), atol=1e-5)
 

@@ -16,7 +16,6 @@ import string
 
 import numpy as np
 import pytest
-
 import torch  # noqa: E402  (test-only dependency: requirements-test.txt)
 import transformers  # noqa: E402
 
@@ -396,7 +395,7 @@ def init_from_config(path, **model):
 
 def test_init_from_copies_weights_and_refuses_mismatches(tmp_path, hf_dir, imported_hf):
     from pipeline import config as config_lib
-    from pipeline.stages import pretrain
+    from pipeline.training import pretrainer
 
     keras_file = tmp_path / "model.keras"
     imported_hf.model.save(str(keras_file))
@@ -406,22 +405,22 @@ def test_init_from_copies_weights_and_refuses_mismatches(tmp_path, hf_dir, impor
     vocab_size = len(hf_dir["vocab"])
 
     config = init_from_config(keras_file)
-    model = pretrain.build_model(config, vocab_size)
-    pretrain.init_from_checkpoint(model, config, run_vocab, log=lambda *_: None)
+    model = pretrainer.build_model(config, vocab_size)
+    pretrainer.init_from_checkpoint(model, config, run_vocab, log=lambda *_: None)
     assert_close("init_from (.keras)", our_outputs(model, hf_dir["x"]), hf_dir["expected"])
 
     # A Hugging Face directory works directly too.
     config = init_from_config(hf_dir["dir"])
-    model = pretrain.build_model(config, vocab_size)
-    pretrain.init_from_checkpoint(model, config, run_vocab, log=lambda *_: None)
+    model = pretrainer.build_model(config, vocab_size)
+    pretrainer.init_from_checkpoint(model, config, run_vocab, log=lambda *_: None)
 
     # Vocabulary size: the run's vocab has 8000 tokens, the checkpoint's 120-odd.
-    with pytest.raises(pretrain.PretrainError, match=rf"{vocab_size} tokens .* has 8000"):
-        pretrain.init_from_checkpoint(pretrain.build_model(config, 8000), config, run_vocab)
+    with pytest.raises(pretrainer.PretrainError, match=rf"{vocab_size} tokens .* has 8000"):
+        pretrainer.init_from_checkpoint(pretrainer.build_model(config, 8000), config, run_vocab)
     # Architecture: both values named, and the overrides that fix it.
     config = init_from_config(keras_file, num_layers=3, activation="gelu_approximate")
-    with pytest.raises(pretrain.PretrainError) as err:
-        pretrain.init_from_checkpoint(pretrain.build_model(config, vocab_size), config, run_vocab)
+    with pytest.raises(pretrainer.PretrainError) as err:
+        pretrainer.init_from_checkpoint(pretrainer.build_model(config, vocab_size), config, run_vocab)
     message = str(err.value)
     assert "model.num_layers: config 3, checkpoint 2" in message
     assert "model.activation: config 'gelu_approximate', checkpoint 'gelu'" in message
@@ -429,8 +428,8 @@ def test_init_from_copies_weights_and_refuses_mismatches(tmp_path, hf_dir, impor
     # Same size, other tokens.
     convert.write_vocab(list(reversed(hf_dir["vocab"])), run_vocab)
     config = init_from_config(keras_file)
-    with pytest.raises(pretrain.PretrainError, match="vocab differs"):
-        pretrain.init_from_checkpoint(pretrain.build_model(config, vocab_size), config, run_vocab)
+    with pytest.raises(pretrainer.PretrainError, match="vocab differs"):
+        pretrainer.init_from_checkpoint(pretrainer.build_model(config, vocab_size), config, run_vocab)
     # A path that is no checkpoint is a config error.
     with pytest.raises(config_lib.ConfigError, match="model.init_from"):
         init_from_config(tmp_path / "nothing-here")

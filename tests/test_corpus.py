@@ -2,9 +2,11 @@ import json
 
 import pytest
 
-from pipeline import artifacts, config as config_lib
+from pipeline import artifacts
+from pipeline import config as config_lib
 from pipeline.stages import corpus
-from pipeline.stages.corpus import CorpusError
+from pipeline.text import sources
+from pipeline.text.sources import CorpusError
 
 
 def files_config(tmp_path, pattern, *overrides):
@@ -84,5 +86,5 @@ def test_unmatched_glob(tmp_path):
 
 def test_brown_sentence_detokenizes():
     line = "``/`` Only/rb a/at handful/nn ''/'' ,/, the/at jury/nn said/vbd ./."
-    assert corpus.brown_sentence(line) == '"Only a handful", the jury said.'
-    assert corpus.brown_sentence("It/pps does/doz n't/* work/vb ./.") == "It doesn't work."
+    assert sources.brown_sentence(line) == '"Only a handful", the jury said.'
+    assert sources.brown_sentence("It/pps does/doz n't/* work/vb ./.") == "It doesn't work."

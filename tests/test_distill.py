@@ -15,8 +15,12 @@ import pytest
 from models import distill as distill_lib
 from models import heads
 from models.bert import BertEncoder
+from pipeline import artifacts
 from pipeline import config as config_lib
-from pipeline.stages import distill, finetune
+from pipeline.finetuning import distillation, outputs, task_model
+from pipeline.finetuning import train as finetuning
+from pipeline.stages import distill
+
 from tests.test_finetune import ANIMALS, PLACES, sentence, sqlite_mlflow  # noqa: F401
 from tests.test_finetune_data import write_vocab
 
@@ -120,20 +124,20 @@ def teacher_dir(tmp_path_factory):
     """A 2-layer classifier in the finetune stage's folder layout, written with the stage's own
     helpers (task.json, config.yaml) but not trained: fast. The slow test below distils a
     teacher that the finetune stage really trained."""
-    from pipeline import finetune_data as fd
+    from pipeline.finetuning import data as fd
 
     folder = tmp_path_factory.mktemp("teacher")
     write_encoder(folder)
     write_topic_data(folder)
     config = teacher_config(folder)
     data = fd.load_task(config.finetune)
-    out = finetune.Artifacts(config.run_dir).finetune("topic")
+    out = artifacts.Artifacts(config.run_dir).finetune("topic")
     out.dir.mkdir(parents=True)
-    backbone = finetune.load_backbone(folder / "encoder.keras")
-    finetune.build_task_model("classification", backbone, len(data.labels),
-                              config.finetune).save(out.model_keras)
+    backbone = task_model.load_backbone(folder / "encoder.keras")
+    task_model.build_task_model("classification", backbone, len(data.labels),
+                                config.finetune).save(out.model_keras)
     (out.vocab_file).write_text((folder / "vocab.txt").read_text())
-    out.task_json.write_text(json.dumps(finetune.task_info(config, data, True, "encoder.keras")))
+    out.task_json.write_text(json.dumps(outputs.task_info(config, data, True, "encoder.keras")))
     out.config.write_text(config_lib.dump_yaml(config))
     return folder, out.dir
 
@@ -160,7 +164,7 @@ def test_distill_stage_trains_a_smaller_student_and_logs_it(teacher_dir, sqlite_
     assert s["student"]["examples_per_second"] > 0 and s["teacher"]["examples_per_second"] > 0
     assert s["student"]["test_accuracy"] == results["test"]["accuracy"]
 
-    paths = distill.Artifacts(config.run_dir).distill("topic_student")
+    paths = artifacts.Artifacts(config.run_dir).distill("topic_student")
     for path in (paths.model_keras, paths.saved_model, paths.task_json, paths.vocab_file,
                  paths.metrics, paths.distill_json):
         assert path.exists(), path
@@ -185,7 +189,7 @@ def test_student_initialised_from_the_teacher_and_config_errors(teacher_dir):
                             "distill.hidden_dim=16", "distill.num_heads=2")
     results = distill.run(config, log=lambda m: None, write_outputs=False)  # projection 16 -> 32
     assert results["distillation"]["student"]["initialised_from_teacher_layers"] is None
-    with pytest.raises(distill.DistillError, match="init_from_teacher = true"):
+    with pytest.raises(distillation.DistillError, match="init_from_teacher = true"):
         distill.run(distill_config(folder, teacher, "distill.hidden_dim=16", "distill.num_heads=2",
                                    "distill.init_from_teacher=true"), log=lambda m: None)
     with pytest.raises(config_lib.ConfigError, match="distill.temperature"):
@@ -200,7 +204,7 @@ def test_student_initialised_from_the_teacher_and_config_errors(teacher_dir):
 def test_distill_a_teacher_trained_by_the_finetune_stage(tmp_path, sqlite_mlflow):  # noqa: F811
     write_encoder(tmp_path)
     write_topic_data(tmp_path)
-    teacher = finetune.run(teacher_config(tmp_path), log=lambda m: None)
+    teacher = finetuning.fine_tune(teacher_config(tmp_path), log=lambda m: None)
     config = distill_config(tmp_path, teacher["output_dir"], "distill.epochs=2")
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment):

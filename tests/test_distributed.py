@@ -21,6 +21,7 @@ import pytest
 
 from pipeline import artifacts
 from pipeline.stages import pretrain
+
 from test_training import tiny_config, write_pretraining_data
 
 PROJECT = artifacts.PROJECT_ROOT
@@ -36,7 +37,7 @@ DRIVER = r"""
 import json, sys
 mode, run_dir, *overrides = sys.argv[1:]
 if mode == "mirrored":
-    from pipeline import strategy
+    from pipeline.training import strategy
     strategy.split_cpu(2)  # before TensorFlow initialises its devices
 from pipeline.stages import pretrain
 from test_training import tiny_config

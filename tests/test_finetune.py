@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import random
+from pathlib import Path
 
 import keras
 import mlflow
@@ -19,10 +20,16 @@ import pytest
 
 from models import heads
 from models.bert import BertEncoder
+from pipeline import artifacts
 from pipeline import config as config_lib
-from pipeline import finetune_data as fd
-from pipeline import predict
-from pipeline.stages import finetune
+from pipeline.finetuning import sweep as sweep_lib
+from pipeline.finetuning import task_model
+from pipeline.finetuning import train as finetuning
+from pipeline.serving import export
+from pipeline.text import preprocessor
+from pipeline.text import vocab as vocab_lib
+from pipeline.tools import predict, predictor
+
 from tests.test_finetune_data import WORDS, write_vocab
 
 ANIMALS = ["cat", "dog", "bird"]
@@ -80,9 +87,9 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
                          f"finetune.train_file={tmp_path}/train.csv", "finetune.name=topic")
     uri, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment) as run:
-        results = finetune.run(config, log=lambda m: None)
+        results = finetuning.fine_tune(config, log=lambda m: None)
     out = results["output_dir"]
-    paths = finetune.Artifacts(config.run_dir).finetune("topic")
+    paths = artifacts.Artifacts(config.run_dir).finetune("topic")
     assert out == str(paths.dir)
     for path in (paths.model_keras, paths.saved_model, paths.task_json, paths.vocab_file,
                  paths.splits, paths.metrics, paths.confusion_matrix, paths.test_predictions):
@@ -108,10 +115,10 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
 
     # The exported model on raw strings == the in-memory (reloaded .keras) model.
     texts = ["The cat ran over the hill.", "A big red house!", "zebra unknown words"]
-    serve = predict.load_saved_model(paths.saved_model)
-    exported = predict.run_saved_model(serve, texts)
+    serve = export.load_saved_model(paths.saved_model)
+    exported = export.run_saved_model(serve, texts)
     model = keras.models.load_model(paths.model_keras)
-    pre = fd.TextPreprocessor(fd.read_vocab(paths.vocab_file), True, 24)
+    pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(paths.vocab_file), True, 24)
     logits = np.asarray(model.predict(pre.features(texts), verbose=0)["logits"])
     probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     np.testing.assert_allclose(exported["scores"], probs, atol=1e-5)
@@ -151,13 +158,13 @@ def test_sentence_pair_regression_export(tmp_path, encoder_files):
                          "finetune.text_column=q", "finetune.text_pair_column=d",
                          "finetune.label_column=score", "finetune.epochs=1", "finetune.name=sts")
     with quiet():
-        results = finetune.run(config)
+        results = finetuning.fine_tune(config)
     assert set(results["test"]) == {"pearson", "spearman", "mse"}
     assert set(results["baselines"]) == {"mean", "bow_ridge"}
     assert results["export_max_abs_diff"] < 1e-5
     folder = results["output_dir"]
-    assert json.loads((finetune.Path(folder) / "task.json").read_text())["pair"] is True
-    p = predict.Predictor(folder)
+    assert json.loads((Path(folder) / "task.json").read_text())["pair"] is True
+    p = predictor.Predictor(folder)
     out = p.texts(["A cat sat.", "A cat sat.", "The dog ran."], ["The dog ran.", "The dog ran.",
                                                                  "A cat sat."])
     assert out[0]["score"] == out[1]["score"] != out[2]["score"]  # the order of A and B matters
@@ -181,14 +188,14 @@ def test_token_classification_first_piece_labels(tmp_path, encoder_files):
                          "finetune.dataset=conll", f"finetune.train_file={tmp_path}/ner.conll",
                          "finetune.name=ner")
     with quiet():
-        results = finetune.run(config)
+        results = finetuning.fine_tune(config)
     assert set(results["test"]) == {"precision", "recall", "f1", "token_accuracy"}
     assert set(results["baselines"]) == {"majority", "most_frequent_tag"}
     # The per-word baseline learns this fixture exactly (a tag is a function of the word).
     assert results["baselines"]["most_frequent_tag"]["f1"] == pytest.approx(1.0)
     # The raw-string SavedModel (in-graph word split) == the .keras model + Python tokenization.
     assert results["export_mismatches"] == 0 and results["export_max_abs_diff"] < 1e-5
-    rows = predict.Predictor(results["output_dir"]).tag(["the cat sat", "river"])
+    rows = predictor.Predictor(results["output_dir"]).tag(["the cat sat", "river"])
     assert [w for w, _ in rows[0]["tags"]] == ["the", "cat", "sat"]
     assert {t for r in rows for _, t in r["tags"]} <= {"O", "B-ANI", "B-LOC"}
 
@@ -212,12 +219,12 @@ def test_question_answering_squad_v2(tmp_path, encoder_files):
                          "finetune.version_2=true", "finetune.max_query_length=6",
                          "finetune.doc_stride=8", "finetune.name=qa")
     with quiet():
-        results = finetune.run(config)
+        results = finetuning.fine_tune(config)
     assert {"exact_match", "f1", "total"} <= set(results["test"])
     assert 0 <= results["test"]["f1"] <= 100
     # The raw-string SavedModel (in-graph windows, n-best search) == the Python-side answers.
     assert results["export_mismatches"] == 0 and results["export_max_abs_diff"] < 1e-5
-    rows = predict.Predictor(results["output_dir"]).answer(["where?"], ["The cat sat near a tree."])
+    rows = predictor.Predictor(results["output_dir"]).answer(["where?"], ["The cat sat near a tree."])
     assert isinstance(rows[0]["answer"], str)
 
 
@@ -233,7 +240,7 @@ def test_semantic_search_bi_encoder_and_search_command(tmp_path, encoder_files):
                          "finetune.text_column=query", "finetune.text_pair_column=doc",
                          "finetune.name=search", "finetune.register_model=false")
     with quiet():
-        results = finetune.run(config)
+        results = finetuning.fine_tune(config)
     assert {"recall_at_1", "recall_at_5", "mrr"} <= set(results["test"])
     assert results["export_max_abs_diff"] < 1e-5
     (tmp_path / "docs.txt").write_text("the cat saw the river .\nthe dog saw the city .\n")
@@ -251,9 +258,9 @@ def test_freeze_strategies(encoder_files):
     model_path, _ = encoder_files
     sizes = {}
     for strategy in ("none", "encoder", "all_but_last_n"):
-        backbone = finetune.load_backbone(model_path)
+        backbone = task_model.load_backbone(model_path)
         fc = config_lib.FinetuneConfig(freeze=strategy, trainable_last_n=1)
-        model = finetune.build_task_model("classification", backbone, 3, fc)
+        model = task_model.build_task_model("classification", backbone, 3, fc)
         sizes[strategy] = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     head = 32 * 3 + 3
     assert sizes["encoder"] == head
@@ -261,11 +268,11 @@ def test_freeze_strategies(encoder_files):
     embeddings = sum(int(np.prod(v.shape)) for v in backbone.get_layer("token_embedding").weights)
     assert head < sizes["all_but_last_n"] < sizes["none"] - embeddings + 1
     with pytest.raises(ValueError, match="trainable_last_n = 2"):
-        heads.freeze_backbone(finetune.load_backbone(model_path), "all_but_last_n", 2)
+        heads.freeze_backbone(task_model.load_backbone(model_path), "all_but_last_n", 2)
 
 
 def test_sweep_runs_the_grid_as_child_runs_and_reports_the_best(tmp_path, monkeypatch,
-                                                                 sqlite_mlflow):
+                                                                sqlite_mlflow):
     """The grid, the nested MLflow runs and the choice of the best point (the stage itself is
     stubbed: it is tested above)."""
     seen = []
@@ -277,17 +284,17 @@ def test_sweep_runs_the_grid_as_child_runs_and_reports_the_best(tmp_path, monkey
         return {"metric": "accuracy", "validation": {"accuracy": score},
                 "test": {"accuracy": score / 2}, "best_epoch": 1, "seconds": 0.0}
 
-    monkeypatch.setattr(finetune, "run", fake_run)
+    monkeypatch.setattr(sweep_lib, "fine_tune", fake_run)
     config = config_lib.load(None, [f"run_dir={tmp_path}/run", "finetune.name=sw",
                                     'finetune.sweep=["learning_rate=1e-4,3e-4", '
                                     '"freeze=none,encoder"]'])
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment) as parent, quiet():
-        summary = finetune.sweep(config)
+        summary = sweep_lib.sweep(config)
     assert seen == [(1e-4, "none", False), (1e-4, "encoder", False), (3e-4, "none", False),
                     (3e-4, "encoder", False)]
     assert summary["best"]["point"] == {"learning_rate": 3e-4, "freeze": "none"}
-    paths = finetune.Artifacts(config.run_dir).finetune("sw")
+    paths = artifacts.Artifacts(config.run_dir).finetune("sw")
     assert json.loads(paths.sweep.read_text())["metric"] == "validation_accuracy"
     client = mlflow.MlflowClient()
     children = client.search_runs([experiment],
@@ -297,4 +304,4 @@ def test_sweep_runs_the_grid_as_child_runs_and_reports_the_best(tmp_path, monkey
     assert logged.data.params["best.freeze"] == "none"
     assert logged.data.tags["sweep.best_run_id"] == summary["best"]["mlflow_run_id"]
     with pytest.raises(config_lib.ConfigError, match="learning_rate"):
-        finetune.sweep(config, {"learning_rate": [5.0]})
+        sweep_lib.sweep(config, {"learning_rate": [5.0]})

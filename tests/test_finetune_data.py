@@ -1,4 +1,4 @@
-"""pipeline/finetune_data.py: readers, label sets, seeded splits, features (small fixtures)."""
+"""pipeline/finetuning/data.py, readers.py, features.py: readers, label sets, seeded splits, features (small fixtures)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 
 from pipeline import artifacts
 from pipeline import config as config_lib
-from pipeline import finetune_data as fd
+from pipeline.finetuning import data as fd
+from pipeline.finetuning import features, readers
+from pipeline.text import preprocessor
 
 WORDS = ("the cat dog bird sat ran over under a big small red blue house tree river hill "
          "road saw found old new who where what is was paris london city capital of").split()
@@ -26,7 +28,7 @@ def write_vocab(path, words=WORDS):
 @pytest.fixture(scope="module")
 def pre(tmp_path_factory):
     vocab = write_vocab(tmp_path_factory.mktemp("vocab") / "vocab.txt")
-    return fd.TextPreprocessor(vocab, lowercase=True, seq_length=16)
+    return preprocessor.TextPreprocessor(vocab, lowercase=True, seq_length=16)
 
 
 # --- readers ---------------------------------------------------------------------------------
@@ -36,34 +38,34 @@ def test_read_table_csv_tsv_jsonl_with_column_mapping(tmp_path):
     (tmp_path / "a.csv").write_text('sentence,other,tag\n"A cat, big",x,pos\nA dog,y,neg\n')
     (tmp_path / "a.tsv").write_text("q\td\tscore\nwho\tparis\t1.5\n")
     (tmp_path / "a.jsonl").write_text('{"text": "a", "label": 1}\n\n{"text": "b", "label": 0}\n')
-    csv_examples = fd.read_table(tmp_path / "a.csv", "sentence", "", "tag")
+    csv_examples = readers.read_table(tmp_path / "a.csv", "sentence", "", "tag")
     assert [(e.text, e.label) for e in csv_examples] == [("A cat, big", "pos"), ("A dog", "neg")]
     assert csv_examples[0].source.endswith("a.csv:2")
-    tsv = fd.read_table(tmp_path / "a.tsv", "q", "d", "score", regression=True)
+    tsv = readers.read_table(tmp_path / "a.tsv", "q", "d", "score", regression=True)
     assert (tsv[0].text, tsv[0].text_pair, tsv[0].label) == ("who", "paris", 1.5)
-    assert [e.label for e in fd.read_table(tmp_path / "a.jsonl")] == ["1", "0"]
-    with pytest.raises(fd.FinetuneDataError, match=r"no column 'label'.*label_column"):
-        fd.read_table(tmp_path / "a.csv", "sentence")
-    with pytest.raises(fd.FinetuneDataError, match="not a number"):
-        fd.read_table(tmp_path / "a.csv", "sentence", "", "tag", regression=True)
+    assert [e.label for e in readers.read_table(tmp_path / "a.jsonl")] == ["1", "0"]
+    with pytest.raises(readers.FinetuneDataError, match=r"no column 'label'.*label_column"):
+        readers.read_table(tmp_path / "a.csv", "sentence")
+    with pytest.raises(readers.FinetuneDataError, match="not a number"):
+        readers.read_table(tmp_path / "a.csv", "sentence", "", "tag", regression=True)
 
 
 def test_read_conll_and_squad(tmp_path):
     (tmp_path / "ner.txt").write_text("-DOCSTART- -X- O\n\nParis NNP B-LOC\nis VBZ O\n\n"
                                       "John NNP B-PER\nSmith NNP I-PER\n")
-    examples = fd.read_conll(tmp_path / "ner.txt")
+    examples = readers.read_conll(tmp_path / "ner.txt")
     assert [(e.words, e.tags) for e in examples] == [(["Paris", "is"], ["B-LOC", "O"]),
                                                      (["John", "Smith"], ["B-PER", "I-PER"])]
     squad = {"data": [{"title": "t", "paragraphs": [{"context": "Paris is big.", "qas": [
         {"id": "1", "question": "What is big?", "answers": [{"text": "Paris", "answer_start": 0}]},
         {"id": "2", "question": "Who?", "answers": [], "is_impossible": True}]}]}]}
     (tmp_path / "squad.json").write_text(json.dumps(squad))
-    qa = fd.read_squad(tmp_path / "squad.json")
+    qa = readers.read_squad(tmp_path / "squad.json")
     assert qa[0].answers == [("Paris", 0)] and qa[1].is_impossible and qa[1].answers == []
     squad["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 3
     (tmp_path / "bad.json").write_text(json.dumps(squad))
-    with pytest.raises(fd.FinetuneDataError, match="not at character 3"):
-        fd.read_squad(tmp_path / "bad.json")
+    with pytest.raises(readers.FinetuneDataError, match="not at character 3"):
+        readers.read_squad(tmp_path / "bad.json")
 
 
 def test_read_glue_task_folders(tmp_path):
@@ -80,25 +82,25 @@ def test_read_glue_task_folders(tmp_path):
     header = "index\tsentence1\tsentence2\tgold_label\n"
     for name in ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"):
         (glue / "MNLI" / name).write_text(header + "0\tA cat sat.\tA cat.\tentailment\n")
-    cola = fd.read_glue(glue, "cola")
+    cola = readers.read_glue(glue, "cola")
     assert [(e.text, e.label) for e in cola["train"]] == [("The cat sat.", "1"),
                                                           ("Cat the sat.", "0")]
-    mrpc = fd.read_glue(glue, "mrpc")
+    mrpc = readers.read_glue(glue, "mrpc")
     assert mrpc["skipped"] == 1
     assert (mrpc["train"][0].text, mrpc["train"][0].text_pair) == ('He said "hi".', "He said hi.")
-    mnli = fd.read_glue(glue, "mnli")
+    mnli = readers.read_glue(glue, "mnli")
     assert set(mnli) == {"train", "test", "test_mismatched", "skipped"}
-    with pytest.raises(fd.FinetuneDataError, match="unknown GLUE task"):
-        fd.read_glue(glue, "squad")
+    with pytest.raises(readers.FinetuneDataError, match="unknown GLUE task"):
+        readers.read_glue(glue, "squad")
 
 
 @pytest.mark.skipif(not artifacts.BROWN_TARBALL.is_file(), reason="needs `make setup` (Brown)")
 def test_brown_genre_and_pos_readers():
-    examples = fd.read_brown_genre(artifacts.BROWN_TARBALL, sentences_per_example=3)
+    examples = readers.read_brown_genre(artifacts.BROWN_TARBALL, sentences_per_example=3)
     assert len({e.group for e in examples}) == 500
     assert len({e.label for e in examples}) == 15
     assert {e.label for e in examples if e.group == "brown/ca01"} == {"press_reportage"}
-    groups = {fd.brown_genre(e.group, "group") for e in examples}
+    groups = {readers.brown_genre(e.group, "group") for e in examples}
     assert groups == {"press", "nonfiction", "learned", "fiction"}
 
 
@@ -106,18 +108,18 @@ def test_brown_genre_and_pos_readers():
 
 
 def test_label_set_and_unknown_label_error():
-    train = [fd.TextExample("a", label="pos"), fd.TextExample("b", label="neg")]
+    train = [readers.TextExample("a", label="pos"), readers.TextExample("b", label="neg")]
     assert fd.label_set(train) == ["neg", "pos"]
     assert fd.label_set(train, ["pos", "neg"]) == ["pos", "neg"]
-    bad = [fd.TextExample("c", label="neutral", source="dev.csv:7")]
-    with pytest.raises(fd.FinetuneDataError, match=r"dev.csv:7: label 'neutral' is not in"):
+    bad = [readers.TextExample("c", label="neutral", source="dev.csv:7")]
+    with pytest.raises(readers.FinetuneDataError, match=r"dev.csv:7: label 'neutral' is not in"):
         fd.check_labels(bad, ["neg", "pos"], "validation")
-    with pytest.raises(fd.FinetuneDataError, match="at least 2"):
+    with pytest.raises(readers.FinetuneDataError, match="at least 2"):
         fd.label_set(train[:1])
 
 
 def test_split_by_group_is_seeded_disjoint_and_stratified():
-    examples = [fd.TextExample(f"t{d}-{i}", label="ab"[d % 2], group=f"doc{d}")
+    examples = [readers.TextExample(f"t{d}-{i}", label="ab"[d % 2], group=f"doc{d}")
                 for d in range(40) for i in range(3)]
     a = fd.split_by_group(examples, 0.2, 0.2, seed=7)
     b = fd.split_by_group(examples, 0.2, 0.2, seed=7)
@@ -148,7 +150,7 @@ def test_load_task_from_csv_records_splits_and_rejects_unknown_test_labels(tmp_p
     (tmp_path / "test.csv").write_text("text,label\nz,w\n")
     cfg = config_lib.load(None, ["finetune.dataset=csv", train,
                                  f"finetune.test_file={tmp_path}/test.csv"])
-    with pytest.raises(fd.FinetuneDataError, match=r"test.csv:2: label 'w' is not in"):
+    with pytest.raises(readers.FinetuneDataError, match=r"test.csv:2: label 'w' is not in"):
         fd.load_task(cfg.finetune)
 
 
@@ -191,28 +193,28 @@ def test_text_preprocessor_packs_single_and_pairs(pre):
 
 
 def test_token_features_label_first_piece_only(pre):
-    examples = [fd.TokenExample(["Cats", "sat", "zzz"], ["B-X", "O", "O"])]
-    f = fd.token_features(examples, pre, ["B-X", "O"])
+    examples = [readers.TokenExample(["Cats", "sat", "zzz"], ["B-X", "O", "O"])]
+    f = features.token_features(examples, pre, ["B-X", "O"])
     # [CLS] cat ##s sat [UNK] [SEP]
     assert [pre.vocab[i] for i in f["token_ids"][0][:6]] == ["[CLS]", "cat", "##s", "sat", "[UNK]",
-                                                            "[SEP]"]
+                                                             "[SEP]"]
     assert f["weights"][0][:6].tolist() == [0, 1, 0, 1, 1, 0]
     assert f["labels"][0][[1, 3, 4]].tolist() == [0, 1, 1]
     assert f["word_positions"] == [[1, 3, 4]]
     logits = np.zeros((1, 16, 2))
     logits[0, 1, 0] = logits[0, 3, 1] = logits[0, 4, 0] = 5
-    assert fd.token_predictions(logits, f, examples, ["B-X", "O"], "O") == [["B-X", "O", "B-X"]]
-    long = [fd.TokenExample(["cat"] * 20, ["O"] * 20)]
-    f = fd.token_features(long, pre, ["B-X", "O"])
+    assert features.token_predictions(logits, f, examples, ["B-X", "O"], "O") == [["B-X", "O", "B-X"]]
+    long = [readers.TokenExample(["cat"] * 20, ["O"] * 20)]
+    f = features.token_features(long, pre, ["B-X", "O"])
     assert f["truncated_words"] == 6 and len(f["word_positions"][0]) == 14
 
 
 def test_qa_features_windows_and_answer_recovery(pre):
     context = "The old city of Paris is the capital. " * 3 + "London is a big city."
     start = context.index("London")
-    examples = [fd.QAExample("q1", "what is big?", context, [("London", start)]),
-                fd.QAExample("q2", "who?", "a cat sat.", [], is_impossible=True)]
-    f = fd.qa_features(examples, pre, max_query_length=4, doc_stride=4)
+    examples = [readers.QAExample("q1", "what is big?", context, [("London", start)]),
+                readers.QAExample("q2", "who?", "a cat sat.", [], is_impossible=True)]
+    f = features.qa_features(examples, pre, max_query_length=4, doc_stride=4)
     assert f["token_ids"].shape[1] == 16
     windows = [i for i, e in enumerate(f["example_index"]) if e == 0]
     assert len(windows) > 3  # a long context becomes several windows
@@ -229,16 +231,16 @@ def test_qa_features_windows_and_answer_recovery(pre):
         start_logits[i, f["start_positions"][i]] = end_logits[i, f["end_positions"][i]] = 5.0
     q2 = [i for i, e in enumerate(f["example_index"]) if e == 1]
     start_logits[q2, 0] = end_logits[q2, 0] = 9.0  # [CLS]: no answer
-    answers = fd.qa_predictions(examples, f, start_logits, end_logits, version_2=True)
+    answers = features.qa_predictions(examples, f, start_logits, end_logits, version_2=True)
     assert answers == {"q1": "London", "q2": ""}
     # v1: always a span, never "".
-    assert fd.qa_predictions(examples, f, start_logits, end_logits)["q2"] != ""
+    assert features.qa_predictions(examples, f, start_logits, end_logits)["q2"] != ""
 
 
 def test_every_finetune_config_file_loads():
     from pathlib import Path
 
-    files = sorted(Path(config_lib.__file__).resolve().parents[1].glob("configs/finetune_*.yaml"))
+    files = sorted(Path(config_lib.__file__).resolve().parents[2].glob("configs/finetune_*.yaml"))
     assert len(files) >= 2
     for path in files:
         config_lib.load(path)

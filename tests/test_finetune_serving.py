@@ -12,10 +12,10 @@ import mlflow
 import numpy as np
 import pytest
 
-from pipeline import cli
-from pipeline.stages import finetune
-from tests.test_finetune import (ANIMALS, PLACES, encoder_files, quiet,  # noqa: F401 - fixtures
-                                 sentence, sqlite_mlflow)
+from pipeline import artifacts, cli
+from pipeline.finetuning import task_model
+
+from tests.test_finetune import ANIMALS, PLACES, encoder_files, quiet, sentence, sqlite_mlflow  # noqa: F401 - fixtures
 
 
 def test_sweep_cli_runs_the_grid_nested_and_reports_the_argmax(tmp_path, encoder_files,
@@ -62,7 +62,7 @@ def test_sweep_cli_runs_the_grid_nested_and_reports_the_argmax(tmp_path, encoder
     assert float(stage.data.params["best.learning_rate"]) == \
         float(by_id[best_id].data.params["finetune.learning_rate"])
     assert stage.data.metrics["best_validation_pearson"] == pytest.approx(values[best_id])
-    summary = json.loads(finetune.Artifacts(f"{tmp_path}/run").finetune("sw").sweep.read_text())
+    summary = json.loads(artifacts.Artifacts(f"{tmp_path}/run").finetune("sw").sweep.read_text())
     assert summary["best"]["mlflow_run_id"] == best_id
     best_lr = summary["best"]["point"]["learning_rate"]
     printed = out.getvalue()
@@ -82,7 +82,7 @@ def _task_model(encoder_files, kind, *args, seed=0, scale=30.0):
     from models import heads
 
     keras.utils.set_random_seed(seed)
-    backbone = finetune.load_backbone(encoder_files[0])
+    backbone = task_model.load_backbone(encoder_files[0])
     model = getattr(heads, kind)(backbone, *args, **({"dropout": 0.0} if args else {}))
     scaled = [layer for layer in model.layers if layer.name in ("logits", "span_logits")]
     assert len(scaled) == 1
@@ -106,25 +106,29 @@ TAG_TEXTS = [
 
 
 def test_token_classification_saved_model_equals_python_tokenization(tmp_path, encoder_files):
-    from pipeline import finetune_data as fd
-    from pipeline import predict
+    from pipeline.finetuning import features as features_lib
+    from pipeline.finetuning import readers
+    from pipeline.serving import export
+    from pipeline.text import preprocessor
+    from pipeline.text import vocab as vocab_lib
+    from pipeline.tools import predict
 
     labels = ["B-ANI", "B-LOC", "O"]
     model = _task_model(encoder_files, "BertTokenClassifier", len(labels))
-    pre = fd.TextPreprocessor(fd.read_vocab(encoder_files[1]), True, 16)
+    pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 16)
     folder = tmp_path / "tagger"  # a model folder with the SavedModel only (no model.keras)
-    predict.export_text_model(model, pre, folder / "saved_model", "token_classification", labels)
+    export.export_text_model(model, pre, folder / "saved_model", "token_classification", labels)
     (folder / "task.json").write_text(json.dumps({"task": "token_classification",
                                                   "labels": labels, "pair": False}))
-    rows = predict.run_token_model(predict.load_saved_model(folder / "saved_model"), TAG_TEXTS,
-                                   batch_size=4)  # two batches of different widths
+    rows = export.run_token_model(export.load_saved_model(folder / "saved_model"), TAG_TEXTS,
+                                  batch_size=4)  # two batches of different widths
 
-    examples = [fd.TokenExample(t.split(), []) for t in TAG_TEXTS]
-    features = fd.token_features(examples, pre, None)
+    examples = [readers.TokenExample(t.split(), []) for t in TAG_TEXTS]
+    features = features_lib.token_features(examples, pre, None)
     assert features["truncated_words"] > 0  # the long text is cut
-    logits = np.asarray(model.predict({k: features[k] for k in finetune.INPUTS},
+    logits = np.asarray(model.predict({k: features[k] for k in task_model.INPUTS},
                                       verbose=0)["logits"])
-    tags = fd.token_predictions(logits, features, examples, labels, "O")
+    tags = features_lib.token_predictions(logits, features, examples, labels, "O")
     probs = _softmax(logits.astype(np.float64))
     assert [r["words"] for r in rows] == [e.words for e in examples]
     assert [r["labels"] for r in rows] == tags
@@ -153,32 +157,36 @@ QA = [
 
 
 def test_question_answering_saved_model_equals_python_tokenization(tmp_path, encoder_files,
-                                                                    sqlite_mlflow):
+                                                                   sqlite_mlflow):
     """SQuAD v2 rules (one export: ~30 s); the threshold is set so that on this fixture some
     questions keep their best span and some give it up for the null answer."""
-    from pipeline import finetune_data as fd
-    from pipeline import predict
+    from pipeline.finetuning import features as features_lib
+    from pipeline.finetuning import readers
+    from pipeline.serving import export, mlflow_model
+    from pipeline.text import preprocessor
+    from pipeline.text import vocab as vocab_lib
+    from pipeline.tools import predict, predictor
 
     options = {"max_query_length": 6, "doc_stride": 5, "n_best": 10, "max_answer_length": 8,
                "version_2": True, "null_score_threshold": -5.5}
     model = _task_model(encoder_files, "BertSpanExtractor", seed=1)
-    pre = fd.TextPreprocessor(fd.read_vocab(encoder_files[1]), True, 24)
+    pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 24)
     folder = tmp_path / "qa"  # a model folder with the SavedModel only (no model.keras)
-    predict.export_text_model(model, pre, folder / "saved_model", "question_answering",
-                              options=options)
+    export.export_text_model(model, pre, folder / "saved_model", "question_answering",
+                             options=options)
     (folder / "task.json").write_text(json.dumps({"task": "question_answering", "labels": None,
                                                   "pair": False, **options}))
-    rows = predict.run_qa_model(predict.load_saved_model(folder / "saved_model"),
-                                [q for q, _ in QA], [c for _, c in QA], batch_size=3)
+    rows = export.run_qa_model(export.load_saved_model(folder / "saved_model"),
+                               [q for q, _ in QA], [c for _, c in QA], batch_size=3)
 
-    examples = [fd.QAExample(str(i), q, c, []) for i, (q, c) in enumerate(QA)]
-    features = fd.qa_features(examples, pre, options["max_query_length"], options["doc_stride"])
+    examples = [readers.QAExample(str(i), q, c, []) for i, (q, c) in enumerate(QA)]
+    features = features_lib.qa_features(examples, pre, options["max_query_length"], options["doc_stride"])
     assert max(np.bincount(features["example_index"])) >= 3  # the long context: many windows
-    out = model.predict({k: features[k] for k in finetune.INPUTS}, verbose=0)
+    out = model.predict({k: features[k] for k in task_model.INPUTS}, verbose=0)
     start, end = np.asarray(out["start_logits"]), np.asarray(out["end_logits"])
     scores = {}
-    answers = fd.qa_predictions(examples, features, start, end, options["n_best"],
-                                options["max_answer_length"], True, -5.5, scores=scores)
+    answers = features_lib.qa_predictions(examples, features, start, end, options["n_best"],
+                                          options["max_answer_length"], True, -5.5, scores=scores)
     assert [r["answer"] for r in rows] == [answers[e.qid] for e in examples]
     assert sum(bool(r["answer"]) for r in rows) >= 2  # spans found, in several windows too
     assert any(r["score"] > -np.inf and not r["answer"] for r in rows)  # the null answer won
@@ -192,12 +200,12 @@ def test_question_answering_saved_model_equals_python_tokenization(tmp_path, enc
             assert row["start"] == row["end"] == -1
 
     # `predict` from the folder (SavedModel) and from the MLflow registry (pyfunc over it).
-    assert predict.Predictor(folder).answer([QA[1][0]], [QA[1][1]]) == [
+    assert predictor.Predictor(folder).answer([QA[1][0]], [QA[1][1]]) == [
         {"question": QA[1][0], **rows[1]}]
     uri, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment):
-        _, version = predict.log_to_mlflow(folder, json.loads((folder / "task.json").read_text()),
-                                           "bert-qa-test")
+        _, version = mlflow_model.log_to_mlflow(folder, json.loads((folder / "task.json").read_text()),
+                                                "bert-qa-test")
     with quiet() as out:
         assert predict.main(["predict", "--model", f"models:/bert-qa-test/{version}",
                              "--tracking-uri", uri, "--question", QA[0][0],

@@ -1,4 +1,4 @@
-"""Tests of pipeline.inputs: the tf.data reader, static masks passed through, and dynamic
+"""Tests of pipeline.training.inputs: the tf.data reader, static masks passed through, and dynamic
 masking (the Beam job's rule applied per batch, new masks every epoch)."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from beam_jobs import pretraining_data as pd  # noqa: E402
-from beam_jobs import transforms  # noqa: E402
-from pipeline import inputs  # noqa: E402
+from beam_jobs import (
+    example_encoder,
+    instances,  # noqa: E402
+    transforms,  # noqa: E402
+)
+from pipeline.training import inputs  # noqa: E402
 
 SEQ, PRED, VOCAB = 48, 8, 500
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
@@ -24,9 +27,9 @@ def write_records(path, num, seed=0, masked=False):
     """Unmasked instances `[CLS] A [SEP] B [SEP]` (ids 10..499, ~30% "##" pieces) as a
     TFRecord file; returns the token lists."""
     rng = random.Random(seed)
-    encoder = pd.ExampleEncoder(SEQ, PRED, VOCAB)
-    special = pd.SpecialIds(pad=PAD, unk=1, cls=CLS, sep=SEP, mask=MASK, vocab_size=VOCAB,
-                            continuation=frozenset(PIECES))
+    encoder = example_encoder.ExampleEncoder(SEQ, PRED, VOCAB)
+    special = instances.SpecialIds(pad=PAD, unk=1, cls=CLS, sep=SEP, mask=MASK, vocab_size=VOCAB,
+                                   continuation=frozenset(PIECES))
     sequences = []
     with open(path, "wb") as handle:
         for _ in range(num):
@@ -37,7 +40,7 @@ def write_records(path, num, seed=0, masked=False):
             tokens = [CLS, *body[:len_a], SEP, *body[len_a:], SEP]
             positions, labels = [], []
             if masked:
-                tokens, positions, labels, _ = pd.create_masked_lm_predictions(
+                tokens, positions, labels, _ = instances.create_masked_lm_predictions(
                     tokens, 0.15, PRED, special, rng, a_length=len_a + 2)
             handle.write(transforms.tfrecord_frame(encoder.encode(
                 tokens, len_a + 2, positions, labels, rng.randint(0, 1))))

@@ -18,9 +18,11 @@ from models.bert import BertEncoder
 from models.heads import BertClassifier
 from models.window_heads import BertWindowClassifier, MaskedWindowPooling, WindowAttentionPooling
 from pipeline import config as config_lib
-from pipeline import predict
-from pipeline import windows
-from pipeline.stages import finetune
+from pipeline.finetuning import train as finetuning
+from pipeline.serving import export
+from pipeline.text import windows
+from pipeline.tools import predictor
+
 from tests.test_finetune_data import WORDS, write_vocab
 
 
@@ -83,9 +85,9 @@ def test_graph_windows_equal_the_numpy_windows(tmp_path):
     """`tf_text_windows` (in the SavedModel) == `text_windows` (training), edge cases included."""
     import tensorflow as tf
 
-    from pipeline import finetune_data as fd
+    from pipeline.text import preprocessor
 
-    pre = fd.TextPreprocessor(write_vocab(tmp_path / "vocab.txt"), True, 12)
+    pre = preprocessor.TextPreprocessor(write_vocab(tmp_path / "vocab.txt"), True, 12)
     rng = random.Random(0)
     texts = [" ".join(rng.choice(WORDS) for _ in range(n)) for n in (0, 1, 10, 11, 23, 80)]
     texts.append("Paris, London! xyzzy the cat")  # punctuation and an unknown word
@@ -100,19 +102,19 @@ def test_graph_windows_equal_the_numpy_windows(tmp_path):
 
 
 def test_window_model_export_serves_raw_text(tmp_path):
-    from pipeline import finetune_data as fd
+    from pipeline.text import preprocessor
 
-    pre = fd.TextPreprocessor(write_vocab(tmp_path / "vocab.txt"), True, 12)
+    pre = preprocessor.TextPreprocessor(write_vocab(tmp_path / "vocab.txt"), True, 12)
     keras.utils.set_random_seed(1)
     backbone = BertEncoder(vocabulary_size=len(pre.vocab), num_layers=1, num_heads=2,
                            hidden_dim=16, intermediate_dim=32, max_sequence_length=12)
     model = BertWindowClassifier(backbone, 2, "attention")
-    windows.export_window_model(model, pre, tmp_path / "saved", ["x", "y"], stride=4,
-                                max_windows=3)
+    export.export_window_model(model, pre, tmp_path / "saved", ["x", "y"], stride=4,
+                               max_windows=3)
     texts = ["the cat sat " * n for n in (1, 4, 9)]
-    assert windows.check_window_export(tmp_path / "saved", model, pre, texts, 4, 3) < 1e-5
+    assert export.check_window_export(tmp_path / "saved", model, pre, texts, 4, 3) < 1e-5
     with pytest.raises(ValueError, match="window stride 11"):
-        windows.export_window_model(model, pre, tmp_path / "bad", ["x", "y"], 11, 3)
+        export.export_window_model(model, pre, tmp_path / "bad", ["x", "y"], 11, 3)
 
 
 # --- the aggregations on hand-made numbers --------------------------------------------------------
@@ -246,13 +248,14 @@ def _config(folder, tmp_path, aggregation):
 
 def _run(config, write_outputs=False):
     with contextlib.redirect_stdout(io.StringIO()):
-        return finetune.run(config, write_outputs=write_outputs)
+        return finetuning.fine_tune(config, write_outputs=write_outputs)
 
 
 def test_fixture_label_words_lie_beyond_the_first_window_and_windows_reach_them(tail_fixture):
-    from pipeline import finetune_data as fd
+    from pipeline.text import preprocessor
+    from pipeline.text import vocab as vocab_lib
 
-    pre = fd.TextPreprocessor(fd.read_vocab(tail_fixture / "vocab.txt"), True, 16)
+    pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(tail_fixture / "vocab.txt"), True, 16)
     rng = random.Random(0)
     texts = [_document(rng, "north"), _document(rng, "south")]
     first = pre.features(texts)["token_ids"]  # what the truncating model sees
@@ -282,10 +285,10 @@ def test_windowed_model_learns_what_the_truncated_model_cannot(tail_fixture, tmp
     # The raw-text SavedModel makes the same windows in the graph: same probabilities.
     assert windowed["export_max_abs_diff"] < 1e-5
     texts = [_document(random.Random(5), "north"), _document(random.Random(6), "south")]
-    predictor = predict.Predictor(windowed["output_dir"])
-    rows = predictor.texts(texts)  # through the SavedModel
+    loaded = predictor.Predictor(windowed["output_dir"])
+    rows = loaded.texts(texts)  # through the SavedModel
     assert [r["label"] for r in rows] == ["north", "south"]
-    keras_rows = predictor.classify_windows(texts)  # the .keras model + numpy windows
+    keras_rows = loaded.classify_windows(texts)  # the .keras model + numpy windows
     assert [r["label"] for r in keras_rows] == ["north", "south"] and keras_rows[0]["windows"] == 5
     for a, b in zip(rows, keras_rows):
         assert a["scores"] == pytest.approx(b["scores"], abs=1e-5)

@@ -1,4 +1,4 @@
-"""pipeline/metrics.py against values computed by hand (and scikit-learn / scipy)."""
+"""pipeline/finetuning/metrics.py against values computed by hand (and scikit-learn / scipy)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline import metrics
+from pipeline.finetuning import metrics
 
 
 def test_accuracy_confusion_and_macro_f1_by_hand():

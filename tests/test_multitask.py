@@ -12,8 +12,11 @@ import mlflow
 import numpy as np
 import pytest
 
+from pipeline import artifacts
 from pipeline import config as config_lib
+from pipeline.finetuning import multitask as multitask_lib
 from pipeline.stages import multitask
+
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, sentence, sqlite_mlflow  # noqa: F401
 from tests.test_finetune_data import WORDS
 
@@ -48,10 +51,10 @@ def make_config(tmp_path, encoder_files, *overrides, topic_weight=1.0, tags_weig
 
 
 def test_schedule_follows_the_sampling_ratio():
-    draws = np.array([int(i) for i in multitask.task_schedule([3.0, 1.0, 1.0], seed=7).take(6000)])
+    draws = np.array([int(i) for i in multitask_lib.task_schedule([3.0, 1.0, 1.0], seed=7).take(6000)])
     shares = np.bincount(draws, minlength=3) / len(draws)
     np.testing.assert_allclose(shares, [0.6, 0.2, 0.2], atol=0.025)
-    other = [int(i) for i in multitask.task_schedule([1.0, 1.0], seed=8).take(4000)]
+    other = [int(i) for i in multitask_lib.task_schedule([1.0, 1.0], seed=8).take(4000)]
     assert abs(np.mean(other) - 0.5) < 0.03
 
 
@@ -82,15 +85,15 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
     for weight in (0.0, 1.0):
         config = make_config(tmp_path, encoder_files, "finetune.weight_decay=0.0",
                              topic_weight=weight)
-        tasks = multitask.load_tasks(config, lambda n: _pre(encoder_files, n), log=lambda m: None)
+        tasks = multitask_lib.load_tasks(config, lambda n: _pre(encoder_files, n), log=lambda m: None)
         keras.utils.set_random_seed(0)
-        from pipeline.stages import finetune
+        from pipeline.finetuning import task_model
 
-        backbone = finetune.load_backbone(encoder_files[0])
-        multitask.build_models(tasks, backbone, config.finetune, 12)
+        backbone = task_model.load_backbone(encoder_files[0])
+        multitask_lib.build_models(tasks, backbone, config.finetune, 12)
         before = {t.name: _head_kernel(t) for t in tasks}
         embedding = np.array(backbone.get_layer("token_embedding").embeddings)
-        trained = multitask.train_mixed(tasks, 12, 8, 0, log=lambda m: None)
+        trained = multitask_lib.train_mixed(tasks, 12, 8, 0, log=lambda m: None)
         assert trained["batches"]["topic"] > 0 and trained["batches"]["tags"] > 0
         kernels[weight] = {t.name: np.abs(_head_kernel(t) - before[t.name]).max() for t in tasks}
         kernels[weight]["encoder"] = np.abs(
@@ -101,9 +104,10 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
 
 
 def _pre(encoder_files, seq_length):
-    from pipeline import finetune_data as fd
+    from pipeline.text import preprocessor
+    from pipeline.text import vocab as vocab_lib
 
-    return fd.TextPreprocessor(fd.read_vocab(encoder_files[1]), True, seq_length)
+    return preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, seq_length)
 
 
 def test_stage_logs_per_task_metrics_and_the_single_task_comparison(tmp_path, encoder_files,  # noqa: F811
@@ -140,10 +144,10 @@ def test_stage_logs_per_task_metrics_and_the_single_task_comparison(tmp_path, en
         assert child.data.metrics[f"{name}.test_{metric}"] == pytest.approx(
             rows[name]["single_task"])
         assert child.data.params["multitask.total_steps"] == "24"
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "multitask")}
-    assert {"multitask/comparison.md", "multitask/comparison.json"} <= artifacts
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "multitask")}
+    assert {"multitask/comparison.md", "multitask/comparison.json"} <= logged
 
-    paths = multitask.Artifacts(config.run_dir).multitask("mt")
+    paths = artifacts.Artifacts(config.run_dir).multitask("mt")
     table = paths.comparison_md.read_text()
     assert "| topic | classification | accuracy |" in table
     for name in ("topic", "tags"):

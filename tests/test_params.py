@@ -12,8 +12,13 @@ import pytest
 import models.bert
 import models.pretraining
 from models import BertEncoder, BertPretrainer, presets
-from models.heads import (BertBiEncoderTrainer, BertClassifier, BertRegressor,
-                          BertSentenceEncoder, BertSpanExtractor)
+from models.heads import (
+    BertBiEncoderTrainer,
+    BertClassifier,
+    BertRegressor,
+    BertSentenceEncoder,
+    BertSpanExtractor,
+)
 from models.params import ParamsError, main, parameter_breakdown
 from pipeline import cli
 

@@ -83,7 +83,7 @@ def test_exported_models_reload_with_same_outputs(tmp_path, corpus_dir):
     import tensorflow as tf
 
     import models  # noqa: F401  (registers the custom classes for loading)
-    from pipeline import inputs
+    from pipeline.training import inputs
 
     args = overrides(tmp_path, corpus_dir)
     assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=3"]) == 0
@@ -98,13 +98,13 @@ def test_exported_models_reload_with_same_outputs(tmp_path, corpus_dir):
         np.testing.assert_allclose(np.asarray(served[name]), np.asarray(expected[name]),
                                    atol=1e-5)
     # And the reloaded model is the trained one (its weights equal the last checkpoint's).
-    from pipeline.stages import pretrain
     from pipeline import config as config_lib
+    from pipeline.training import pretrainer
 
     config = config_lib.load("configs/test_tiny.yaml", args)
     vocabulary_size = len(paths.vocab_file.read_text().splitlines())
-    fresh = pretrain.build_model(config, vocabulary_size)
-    fresh.compile(optimizer=pretrain.build_optimizer(config.train))
+    fresh = pretrainer.build_model(config, vocabulary_size)
+    fresh.compile(optimizer=pretrainer.build_optimizer(config.train))
     fresh.optimizer.build(fresh.trainable_variables)
     fresh.load_weights(str(paths.checkpoint_dir / "ckpt-00000003.weights.h5"))
     np.testing.assert_allclose(np.asarray(fresh(x, training=False)["mlm"]),

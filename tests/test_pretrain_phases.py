@@ -14,9 +14,12 @@ import mlflow
 import numpy as np
 import pytest
 
-import test_training
-from pipeline import artifacts, cli, config as config_lib
+from pipeline import artifacts, cli
+from pipeline import config as config_lib
 from pipeline.stages import pretrain
+from pipeline.training import checkpoints, loop, pretrainer
+
+import test_training
 from test_training import die_after_checkpoint, tiny_config, write_pretraining_data
 
 PHASES = [(32, 5), (48, 7)]
@@ -61,7 +64,7 @@ def fake_export(monkeypatch, exported):
     """The SavedModel export (~10 s) and the review plots are tested elsewhere; record the
     digest of the model that would be exported and leave small files to log."""
     def export(model, paths):
-        exported.append(pretrain.weights_digest(model))
+        exported.append(checkpoints.weights_digest(model))
         paths.saved_model.mkdir(parents=True, exist_ok=True)
         (paths.saved_model / "saved_model.pb").write_text("stand-in")
         paths.model_keras.write_text("stand-in")
@@ -130,13 +133,13 @@ def test_two_phases_train_in_turn_each_its_own_run(tmp_path, monkeypatch):
     write_phase_data(tmp_path / "run")
     exported, starts, lines = [], [], []
     fake_export(monkeypatch, exported)
-    start_from = pretrain.start_from_previous_phase
+    start_from = checkpoints.start_from_previous_phase
 
     def spy(model, previous, log=print, prefix="pretrain"):
         start_from(model, previous, log, prefix)
-        starts.append((pretrain.weights_digest(model), pretrain.global_step(model)))
+        starts.append((checkpoints.weights_digest(model), checkpoints.global_step(model)))
 
-    monkeypatch.setattr(pretrain, "start_from_previous_phase", spy)
+    monkeypatch.setattr(loop, "start_from_previous_phase", spy)
     config = phase_config(tmp_path)
     assert run_cli(config, lines) == cli.EXIT_OK
 
@@ -185,7 +188,7 @@ def test_two_phase_resume_skips_a_finished_phase_and_continues_its_runs(tmp_path
 
     revive = die_after_checkpoint(
         monkeypatch,
-        lambda ckpt: ckpt.dir.name == "phase2" and pretrain.global_step(ckpt.model) == 1)
+        lambda ckpt: ckpt.dir.name == "phase2" and checkpoints.global_step(ckpt.model) == 1)
     config = phase_config(tmp_path)
     assert run_cli(config) == cli.EXIT_FAILED
     revive()
@@ -221,7 +224,7 @@ def test_resumed_training_continues_the_same_mlflow_run(tmp_path, monkeypatch):
                          "tracking.experiment=phases", "train.steps=6", "train.checkpoint_every=3",
                          "train.warmup_steps=2")
     revive = die_after_checkpoint(monkeypatch,
-                                  lambda ckpt: pretrain.global_step(ckpt.model) == 3)
+                                  lambda ckpt: checkpoints.global_step(ckpt.model) == 3)
     assert run_cli(config) == cli.EXIT_FAILED
     paths = artifacts.Artifacts(config.run_dir)
     recorded = json.loads(paths.pretrain_run_file.read_text())["run_id"]
@@ -266,7 +269,7 @@ def test_two_phase_config_runs_end_to_end(tmp_path, corpus_dir):
     for index in (1, 2):
         assert paths.shards("train") == []  # no single-phase records
         assert list(paths.data_phase_dir(index).glob("train-*.tfrecord"))
-        assert pretrain.latest_checkpoint(paths.phase_checkpoint_dir(index))[0] == (6, 3)[index - 1]
+        assert checkpoints.latest_checkpoint(paths.phase_checkpoint_dir(index))[0] == (6, 3)[index - 1]
     assert json.loads(paths.pretrain_eval.read_text())["step"] == 3
     assert paths.model_keras.exists() and paths.saved_model.exists()
     _, stages = runs_by_stage(tmp_path)
@@ -283,9 +286,9 @@ def test_a_phase_starts_from_the_previous_phase_checkpoint_without_its_optimizer
     built = []
     for extra in (["train.grad_accum_steps=1"], ["train.grad_accum_steps=2"]):
         config = tiny_config(tmp_path / "run", *extra)
-        model = pretrain.build_model(config, vocabulary_size)
-        optimizer = pretrain.build_optimizer(config.train)
-        pretrain.compile_model(model, optimizer)
+        model = pretrainer.build_model(config, vocabulary_size)
+        optimizer = pretrainer.build_optimizer(config.train)
+        pretrainer.compile_model(model, optimizer)
         optimizer.build(model.trainable_variables)
         model({  # builds the weights
             "token_ids": np.ones((1, 8), "int32"), "segment_ids": np.zeros((1, 8), "int32"),
@@ -298,12 +301,12 @@ def test_a_phase_starts_from_the_previous_phase_checkpoint_without_its_optimizer
         variable.assign(np.full(variable.shape, 0.5, variable.dtype))
     checkpoint = tmp_path / "ckpt-00000005.weights.h5"
     first.save_weights(str(checkpoint))
-    assert pretrain.weights_digest(first) != pretrain.weights_digest(second)
+    assert checkpoints.weights_digest(first) != checkpoints.weights_digest(second)
 
     lines = []
-    pretrain.start_from_previous_phase(second, checkpoint, lines.append, "pretrain phase2")
-    assert pretrain.weights_digest(second) == pretrain.weights_digest(first)
-    assert pretrain.global_step(second) == 0
+    checkpoints.start_from_previous_phase(second, checkpoint, lines.append, "pretrain phase2")
+    assert checkpoints.weights_digest(second) == checkpoints.weights_digest(first)
+    assert checkpoints.global_step(second) == 0
     assert slots(second.optimizer) and not any(np.any(keras_numpy(v))
                                                for v in slots(second.optimizer))
     assert lines == ["pretrain phase2: starting from the previous phase's "

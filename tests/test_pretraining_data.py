@@ -27,8 +27,15 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline  # noqa: E402
 from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
 
-from beam_jobs import pretraining_data as pd  # noqa: E402
-from beam_jobs import schema, transforms  # noqa: E402
+from beam_jobs import (
+    example_encoder,  # noqa: E402
+    instances,
+    reading,  # noqa: E402
+    schema,
+    transforms,
+)
+from beam_jobs import pretraining_data as pd
+from pipeline.training import inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
@@ -108,7 +115,7 @@ def read_records(output_dir, split="train"):
 def parse(records, max_seq=MAX_SEQ, max_pred=MAX_PRED):
     import tensorflow as tf
 
-    parsed = tf.io.parse_example(tf.constant(records), schema.parse_spec(max_seq, max_pred))
+    parsed = tf.io.parse_example(tf.constant(records), inputs.parse_spec(max_seq, max_pred))
     return {name: value.numpy() for name, value in parsed.items()}
 
 
@@ -120,8 +127,8 @@ def run_a(corpus, tmp_path_factory):
 
 
 def special_ids(vocab_size=1000, continuation=()):
-    return pd.SpecialIds(pad=0, unk=100, cls=101, sep=102, mask=103, vocab_size=vocab_size,
-                         continuation=frozenset(continuation))
+    return instances.SpecialIds(pad=0, unk=100, cls=101, sep=102, mask=103, vocab_size=vocab_size,
+                                continuation=frozenset(continuation))
 
 
 # ---------------------------------------------------------------------------
@@ -129,20 +136,20 @@ def special_ids(vocab_size=1000, continuation=()):
 # ---------------------------------------------------------------------------
 def test_split_documents_and_decode():
     text = "\n  \nA one .\r\nA two .\n\n\n\nB one .\n \t\nC one .\n\n"
-    documents, empty = transforms.split_documents(text)
+    documents, empty = reading.split_documents(text)
     assert documents == [["A one .", "A two ."], ["B one ."], ["C one ."]]
     assert empty == 2  # the 2 extra blank lines between A and B
     with pytest.raises(ValueError, match=r"x\.txt: not valid UTF-8 at byte offset 3"):
-        transforms.decode_utf8(b"abc\xff", "x.txt")
+        reading.decode_utf8(b"abc\xff", "x.txt")
 
 
 def test_split_sentences():
     text = ('Mr. Smith met Dr. J. Watson at 5 p.m. in the U.S. yesterday. "Really?" she '
             'asked! It cost $3.50 (e.g. a lot). Fine.\nNew line here.')
-    assert transforms.split_sentences(text) == [
+    assert reading.split_sentences(text) == [
         "Mr. Smith met Dr. J. Watson at 5 p.m. in the U.S. yesterday.", '"Really?" she asked!',
         "It cost $3.50 (e.g. a lot).", "Fine.", "New line here."]
-    assert transforms.split_sentences("  ") == []
+    assert reading.split_sentences("  ") == []
 
 
 def test_ranges_of_any_size_read_the_same_documents(tmp_path):
@@ -163,11 +170,11 @@ def test_ranges_of_any_size_read_the_same_documents(tmp_path):
                 parts.append(words + ("\n" if rng.random() < 0.9 else "\r\n"))
         text = "".join(parts)
         path.write_bytes(text.encode())
-        expected, empty = transforms.split_documents(text)
+        expected, empty = reading.split_documents(text)
         for chunk in (1, 2, 3, 7, 16, 10_000):
             counters: dict = {}
-            documents = [doc for r in transforms.plan_input(str(path), chunk)
-                         for doc in transforms.read_range(r, counters=counters)]
+            documents = [doc for r in reading.plan_input(str(path), chunk)
+                         for doc in reading.read_range(r, counters=counters)]
             assert [sentences for _, sentences in documents] == expected, (trial, chunk, text)
             assert counters.get("skipped/empty_documents", 0) == empty, (trial, chunk, text)
             for (doc_path, offset), sentences in documents:
@@ -185,8 +192,8 @@ def test_input_formats_gzip_and_jsonl(tmp_path):
 
     def read(pattern, fmt):
         counters: dict = {}
-        docs = [d for r in transforms.plan_input(str(tmp_path / pattern), 8)
-                for d in transforms.read_range(r, fmt, "text", counters)]
+        docs = [d for r in reading.plan_input(str(tmp_path / pattern), 8)
+                for d in reading.read_range(r, fmt, "text", counters)]
         return [sentences for _, sentences in docs], counters
 
     assert read("a.txt.gz", "google") == ([["One .", "Two ."], ["Three ."]],
@@ -198,9 +205,9 @@ def test_input_formats_gzip_and_jsonl(tmp_path):
     assert read("c.txt", "text") == ([["A wrapped paragraph.", "It goes on.", "Here."],
                                       ["Next block."]], {})
     # a compressed file is one range, whatever the chunk size; its refs carry the bytes
-    (ref_range,) = transforms.plan_input(str(tmp_path / "a.txt.gz"), 1)
+    (ref_range,) = reading.plan_input(str(tmp_path / "a.txt.gz"), 1)
     assert ref_range.end is None
-    refs = list(transforms.index_range(ref_range))
+    refs = list(reading.index_range(ref_range))
     assert all(isinstance(ref, bytes) for _, ref in refs)
 
 
@@ -238,7 +245,7 @@ def test_read_and_tokenize_transforms(tmp_path):
                     ((str(path_a), 19), [[ids["cafe"], ids["[UNK]"]]]),  # accent stripped
                     ((str(path_b), 1), [[ids["it"], ids["was"]]])]
     with BeamTestPipeline(options=PipelineOptions(RUNNER)) as p:
-        read = p | "ReadDocuments" >> transforms.ReadDocuments(f"{path_a},{tmp_path}/b*.txt")
+        read = p | "ReadDocuments" >> reading.ReadDocuments(f"{path_a},{tmp_path}/b*.txt")
         tokenized = read.documents | "Tokenize" >> transforms.TokenizeDocuments(vocab_file, True)
         assert_that(read.documents, equal_to(expected_docs), label="CheckDocuments")
         assert_that(tokenized.documents, equal_to(expected_ids), label="CheckIds")
@@ -291,7 +298,7 @@ def test_truncate_seq_pair_is_the_reference():
         rng = random.Random(seed)
         a, b = list(range(rng.randint(1, 50))), list(range(100, 100 + rng.randint(1, 50)))
         a2, b2 = list(a), list(b)
-        pd.truncate_seq_pair(a, b, 20, random.Random(seed))
+        instances.truncate_seq_pair(a, b, 20, random.Random(seed))
         reference_truncate(a2, b2, 20, random.Random(seed))
         assert (a, b) == (a2, b2)
         assert len(a) + len(b) <= 20 and a and b
@@ -315,13 +322,13 @@ def test_masking_proportions_and_rules_match_the_reference(whole_word):
     capped = 0
     for _ in range(4000):
         tokens, a_length = random_pair(rng, special, continuation)
-        output, positions, labels, kinds = pd.create_masked_lm_predictions(
+        output, positions, labels, kinds = instances.create_masked_lm_predictions(
             tokens, 0.15, MAX_PRED, special, rng, whole_word=whole_word,
             a_length=None if whole_word else a_length)
         expected = min(MAX_PRED, max(1, round(len(tokens) * 0.15)))
         if whole_word:
             assert len(positions) <= expected
-            words = pd.word_candidates(tokens, special, True)
+            words = instances.word_candidates(tokens, special, True)
             chosen = set(positions)
             for word in words:  # never splits a word
                 assert chosen.isdisjoint(word) or chosen.issuperset(word), (tokens, positions)
@@ -332,9 +339,9 @@ def test_masking_proportions_and_rules_match_the_reference(whole_word):
         assert labels == [tokens[p] for p in positions]
         for p, kind in zip(positions, kinds):
             assert tokens[p] not in (special.cls, special.sep)
-            if kind == pd.MASK:
+            if kind == instances.MASK:
                 assert output[p] == special.mask
-            elif kind == pd.KEEP:
+            elif kind == instances.KEEP:
                 assert output[p] == tokens[p]
             else:
                 assert 0 <= output[p] < special.vocab_size
@@ -347,9 +354,9 @@ def test_masking_proportions_and_rules_match_the_reference(whole_word):
     assert capped > 0  # the cap was exercised
     assert abs(ours_total - ref_total) / ref_total < 0.02  # same count rule as the reference
     assert 0.12 < ours_total / tokens_total < 0.16
-    assert abs(branches[pd.MASK] / ours_total - 0.8) < 0.015
-    assert abs(branches[pd.RANDOM] / ours_total - 0.1) < 0.01
-    assert abs(branches[pd.KEEP] / ours_total - 0.1) < 0.01
+    assert abs(branches[instances.MASK] / ours_total - 0.8) < 0.015
+    assert abs(branches[instances.RANDOM] / ours_total - 0.1) < 0.01
+    assert abs(branches[instances.KEEP] / ours_total - 0.1) < 0.01
 
 
 def owned_documents(num, rng, sentences=(2, 20)):
@@ -388,13 +395,13 @@ def check_layout(instance, special):
 def test_nsp_instances_segments_and_balance():
     special = special_ids(vocab_size=400_000)
     documents = owned_documents(300, random.Random(3))
-    settings = pd.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
-                                   dupe_factor=2, seed=11)
-    instances = list(pd.create_instances_for_group(documents, 0, settings, special))
-    assert len(instances) > 2000
+    settings = instances.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
+                                          dupe_factor=2, seed=11)
+    made = list(instances.create_instances_for_group(documents, 0, settings, special))
+    assert len(made) > 2000
     owner = lambda token: (token - 1000) // 1000  # noqa: E731
     random_next = 0
-    for inst in instances:
+    for inst in made:
         tokens_a, tokens_b = check_layout(inst, special)
         a_docs, b_docs = {owner(t) for t in tokens_a}, {owner(t) for t in tokens_b}
         assert len(a_docs) == 1 and len(b_docs) == 1
@@ -405,13 +412,13 @@ def test_nsp_instances_segments_and_balance():
             assert a_docs == b_docs and max(tokens_a) < min(tokens_b)  # B continues A
         assert inst.features()["next_sentence_labels"] == [inst.label]
     # 50/50, plus the chunks with a single sentence, which always get a random B
-    assert 0.45 < random_next / len(instances) < 0.6
+    assert 0.45 < random_next / len(made) < 0.6
     # the same inputs give the same instances; another seed gives others
-    again = list(pd.create_instances_for_group(list(reversed(documents)), 0, settings, special))
-    assert [i.features() for i in again] == [i.features() for i in instances]
+    again = list(instances.create_instances_for_group(list(reversed(documents)), 0, settings, special))
+    assert [i.features() for i in again] == [i.features() for i in made]
     other = dataclasses_replace(settings, seed=12)
-    assert [i.features() for i in pd.create_instances_for_group(documents, 0, other, special)] \
-        != [i.features() for i in instances]
+    assert [i.features() for i in instances.create_instances_for_group(documents, 0, other, special)] \
+        != [i.features() for i in made]
 
 
 def dataclasses_replace(settings, **changes):
@@ -423,24 +430,24 @@ def dataclasses_replace(settings, **changes):
 def test_sop_pairs_are_in_order_or_really_swapped():
     special = special_ids(vocab_size=400_000)
     documents = owned_documents(200, random.Random(4), sentences=(1, 12))
-    settings = pd.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
-                                   objective="sop", seed=5, dupe_factor=3)
+    settings = instances.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
+                                          objective="sop", seed=5, dupe_factor=3)
     counters: dict = {}
-    instances = list(pd.create_instances_for_group(documents, 0, settings, special,
-                                                   counters=counters))
-    assert len(instances) > 1000
+    made = list(instances.create_instances_for_group(documents, 0, settings, special,
+                                                     counters=counters))
+    assert len(made) > 1000
     swapped = 0
-    for inst in instances:
+    for inst in made:
         tokens_a, tokens_b = check_layout(inst, special)
         owners = {(t - 1000) // 1000 for t in tokens_a + tokens_b}
         assert len(owners) == 1  # never a random document
-        if inst.label == pd.SOP_SWAPPED:
+        if inst.label == instances.SOP_SWAPPED:
             swapped += 1
             assert min(tokens_a) > max(tokens_b)  # A's text comes after B's
         else:
-            assert inst.label == pd.SOP_IN_ORDER and max(tokens_a) < min(tokens_b)
+            assert inst.label == instances.SOP_IN_ORDER and max(tokens_a) < min(tokens_b)
         assert not inst.random_from_same_document
-    assert 0.46 < swapped / len(instances) < 0.54
+    assert 0.46 < swapped / len(made) < 0.54
 
 
 def test_instance_distribution_matches_the_reference_algorithm():
@@ -448,9 +455,9 @@ def test_instance_distribution_matches_the_reference_algorithm():
     the reference over the same documents (different random streams)."""
     special = special_ids(vocab_size=400_000)
     documents = owned_documents(1000, random.Random(6))
-    settings = pd.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
-                                   seed=2, dupe_factor=2)
-    ours = list(pd.create_instances_for_group(documents, 0, settings, special))
+    settings = instances.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
+                                          seed=2, dupe_factor=2)
+    ours = list(instances.create_instances_for_group(documents, 0, settings, special))
     docs = [d for _, d in documents]
     rng = random.Random(9)
     ref = []
@@ -499,30 +506,30 @@ def test_example_encoder_is_byte_identical_to_schema_serialize():
     special = special_ids(vocab_size=30_522)
     for max_seq, max_pred, vocab in ((MAX_SEQ, MAX_PRED, 30_522), (512, 80, 30_522),
                                      (8, 1, 300)):
-        encoder = pd.ExampleEncoder(max_seq, max_pred, vocab)
+        encoder = example_encoder.ExampleEncoder(max_seq, max_pred, vocab)
         for _ in range(40):
             n = rng.randint(5, max_seq)
             k = rng.randint(0, min(max_pred, n - 3))
             a_length = rng.randint(2, n - 2)
-            instance = pd.TrainingInstance(
+            instance = instances.TrainingInstance(
                 token_ids=[special.cls] + [rng.randint(0, vocab - 1) for _ in range(n - 1)],
                 a_length=a_length, label=rng.randint(0, 1),
                 masked_lm_positions=sorted(rng.sample(range(1, n), k)),
                 masked_lm_ids=[rng.randint(0, vocab - 1) for _ in range(k)],
-                masked_lm_branches=[pd.MASK] * k)
-            assert encoder.encode_instance(instance) == pd.serialize_instance(
-                instance, max_seq, max_pred)
+                masked_lm_branches=[instances.MASK] * k)
+            assert encoder.encode_instance(instance) == inputs.serialize(
+                instance.features(), max_seq, max_pred)
 
 
 def test_vocab_checks(tmp_path):
     vocab = transforms.read_vocab(write_vocab(tmp_path / "v.txt"))
-    special = pd.SpecialIds.from_vocab(vocab)
+    special = instances.SpecialIds.from_vocab(vocab)
     assert (special.pad, special.unk, special.cls, special.sep, special.mask) == (0, 6, 7, 8, 9)
     assert vocab.index("##ing") in special.continuation and vocab.index("jump") not in \
         special.continuation
     bad = write_vocab(tmp_path / "no_mask.txt", drop=("[MASK]",))
     with pytest.raises(ValueError, match=r"no_mask\.txt has no \[MASK\] token"):
-        pd.SpecialIds.from_vocab(transforms.read_vocab(bad), bad)
+        instances.SpecialIds.from_vocab(transforms.read_vocab(bad), bad)
 
 
 # ---------------------------------------------------------------------------
@@ -598,7 +605,7 @@ def test_phases_sop_whole_word_and_dynamic_masking(corpus, tmp_path):
                             "--objective", "sop", "--whole_word_masking", "true"))
     assert [s["settings"]["max_seq_length"] for s in stats["phases"]] == [32, 64]
     vocab = transforms.read_vocab(corpus["vocab_file"])
-    special = pd.SpecialIds.from_vocab(vocab)
+    special = instances.SpecialIds.from_vocab(vocab)
     for i, (seq, pred) in enumerate(((32, 5), (64, 10))):
         folder = tmp_path / f"phase{i + 1}"
         phase_stats = pd.read_stats(str(folder), "train")
@@ -692,27 +699,32 @@ def test_module_help():
 def test_data_stage_passes_the_config_keys_to_the_job(tmp_path):
     from pipeline import artifacts
     from pipeline import config as config_lib
-    from pipeline.stages import data
+    from pipeline.config import data_job
+    from pipeline.tracking import runs as tracking
 
     config = config_lib.load("configs/test_tiny.yaml", [
         "data.objective=sop", "data.whole_word_masking=true", "data.masking=dynamic",
         "data.phases=[32/5, '64:10']", "data.group_size_mb=2"])
     assert config_lib.data_phases(config) == [(32, 5), (64, 10)]
-    args = data.job_args(config, artifacts.Artifacts(tmp_path), "train", str(tmp_path))
+    paths = artifacts.Artifacts(tmp_path)
+    args = data_job.job_args(config, paths.corpus_glob("train"), str(paths.vocab_file),
+                             str(tmp_path), "train")
     flags = dict(zip(args[::2], args[1::2]))
     assert flags["--objective"] == "sop" and flags["--whole_word_masking"] == "true"
     assert flags["--masking"] == "dynamic" and flags["--phases"] == "32:5,64:10"
     assert flags["--group_size_mb"] == "2.0"
-    pd.parse_args(args)  # the job accepts them
+    parsed, _ = pd.parse_args(args)  # the job accepts them, and every data.* setting arrives
+    for name, value in data_job.instance_settings(config).items():
+        assert getattr(parsed, name) == value or name.startswith("max_"), name
     for bad, message in (("data.phases=[128-20]", "is not max_seq_length"),
                          ("data.phases=[128/20]", "model.max_sequence_length"),
                          ("data.objective=mlm", "choose one of: nsp, sop"),
                          ("data.masking=online", "static, dynamic")):
         with pytest.raises(config_lib.ConfigError, match=message):
             config_lib.load("configs/test_tiny.yaml", [bad])
-    assert data.flat_metrics({"instances": 3, "objective": "sop", "masking": "static",
-                              "whole_word_masking": True, "length_histogram": {"1-4": 2},
-                              "skipped": {"empty_documents": 1}, "settings": {"seed": 1}},
-                             "train_") == {"train_instances": 3,
-                                           "train_length_histogram.1-4": 2,
-                                           "train_skipped.empty_documents": 1}
+    assert tracking.flat_metrics({"instances": 3, "objective": "sop", "masking": "static",
+                                  "whole_word_masking": True, "length_histogram": {"1-4": 2},
+                                  "skipped": {"empty_documents": 1}, "settings": {"seed": 1}},
+                                 "train_") == {"train_instances": 3,
+                                               "train_length_histogram.1-4": 2,
+                                               "train_skipped.empty_documents": 1}

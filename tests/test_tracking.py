@@ -15,7 +15,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from pipeline import config as config_lib, tracking
+from pipeline import config as config_lib
+from pipeline.tracking import runs as tracking
 
 
 def free_port() -> int:
@@ -55,7 +56,7 @@ def mlflow_server(tmp_path):
 
 
 def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypatch, tmp_path,
-                                                          corpus_dir):
+                                                         corpus_dir):
     """MLFLOW_TRACKING_URI=http://... : the pipeline records its runs and artifacts on the server."""
     from pipeline import cli
 

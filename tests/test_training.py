@@ -8,7 +8,6 @@ and a Google-layout vocab: milliseconds, no Beam), so these tests exercise train
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -19,9 +18,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_jobs import schema
-from pipeline import artifacts, config as config_lib, strategy as strategy_lib
+import models
+from pipeline import artifacts
+from pipeline import config as config_lib
 from pipeline.stages import pretrain
+from pipeline.training import callbacks, checkpoints, inputs, pretrainer
+from pipeline.training import strategy as strategy_lib
 
 PROJECT = artifacts.PROJECT_ROOT
 SEQ, PREDICTIONS = 32, 5
@@ -64,7 +66,7 @@ def write_pretraining_data(run_dir, train_files=2, records_per_file=48, eval_rec
     for name, count in shards:
         with tf.io.TFRecordWriter(str(paths.data_dir / name)) as writer:
             for _ in range(count):
-                writer.write(schema.serialize(instance(), SEQ, PREDICTIONS))
+                writer.write(inputs.serialize(instance(), SEQ, PREDICTIONS))
     paths.data_stats.write_text(json.dumps({
         "settings": {"max_seq_length": SEQ, "max_predictions_per_seq": PREDICTIONS},
         "train": {"instances": train_files * records_per_file},
@@ -88,13 +90,13 @@ def fit_blocks(config, vocabulary_size, batches, updates):
     """The stage's building blocks on `batches` for `updates` optimizer updates."""
     tc = config.train
     keras.utils.set_random_seed(7)
-    model = pretrain.build_model(config, vocabulary_size)
-    optimizer = pretrain.build_optimizer(tc)
-    pretrain.compile_model(model, optimizer, tc.jit_compile)
+    model = pretrainer.build_model(config, vocabulary_size)
+    optimizer = pretrainer.build_optimizer(tc)
+    pretrainer.compile_model(model, optimizer, tc.jit_compile)
     optimizer.build(model.trainable_variables)
-    logger = pretrain.StepLogger(1, updates, tc.batch_size, SEQ, log=lambda line: None,
-                                 to_mlflow=False,
-                                 examples_per_update=tc.batch_size * tc.grad_accum_steps)
+    logger = callbacks.StepLogger(1, updates, tc.batch_size, SEQ, log=lambda line: None,
+                                  to_mlflow=False,
+                                  examples_per_update=tc.batch_size * tc.grad_accum_steps)
     model.fit(batches.repeat(), steps_per_epoch=updates * tc.grad_accum_steps, epochs=1,
               callbacks=[logger], shuffle=False, verbose=0)
     return model, logger.history
@@ -102,10 +104,8 @@ def fit_blocks(config, vocabulary_size, batches, updates):
 
 def ordered_batches(run_dir, batch_size):
     paths = artifacts.Artifacts(run_dir)
-    from pipeline import inputs
-
     return inputs.pretraining_dataset(paths.shard_pattern("train"), batch_size, SEQ, PREDICTIONS,
-                                      training=False).map(pretrain.normalize_mlm_weights)
+                                      training=False).map(pretrainer.normalize_mlm_weights)
 
 
 def test_grad_accumulation_matches_the_large_batch(tmp_path, optimizer="adamw"):
@@ -122,7 +122,7 @@ def test_grad_accumulation_matches_the_large_batch(tmp_path, optimizer="adamw"):
                                     ordered_batches(tmp_path / "run", 4), 3)
 
     # train.steps counts optimizer updates: 3 updates from 6 micro-batches.
-    assert pretrain.global_step(model_a) == pretrain.global_step(model_b) == 3
+    assert checkpoints.global_step(model_a) == checkpoints.global_step(model_b) == 3
     assert [s for s, _ in history_a] == [s for s, _ in history_b] == [1, 2, 3]  # once per update
     for (_, a), (_, b) in zip(history_a, history_b):
         assert a["grad_norm"] > 0.5  # so the clipping did something
@@ -144,7 +144,7 @@ def test_mixed_precision_trains_with_finite_loss(tmp_path, precision):
     assert all(w.dtype == "float32" for w in model.weights)  # variables stay float32
     if precision == "mixed_float16":
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert pretrain.global_step(model) == 3
+    assert checkpoints.global_step(model) == 3
     for _, metrics in history:
         assert np.isfinite(metrics["loss"]) and 5.0 < metrics["loss"] < 8.0
         assert 0.1 < metrics["grad_norm"] < 50  # unscaled (float16: loss scale 2**15 removed)
@@ -171,15 +171,15 @@ class Killed(Exception):
 def die_after_checkpoint(monkeypatch, when):
     """Makes `Checkpointer.save` raise Killed right after saving when `when(checkpointer)` holds;
     returns the function that puts the real `save` back."""
-    save = pretrain.Checkpointer.save
+    save = callbacks.Checkpointer.save
 
     def save_then_die(self):
         save(self)
         if when(self):
             raise Killed
 
-    monkeypatch.setattr(pretrain.Checkpointer, "save", save_then_die)
-    return lambda: monkeypatch.setattr(pretrain.Checkpointer, "save", save)
+    monkeypatch.setattr(callbacks.Checkpointer, "save", save_then_die)
+    return lambda: monkeypatch.setattr(callbacks.Checkpointer, "save", save)
 
 
 def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
@@ -190,7 +190,7 @@ def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
     args = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2"]
     straight = pretrain.run(tiny_config(tmp_path / "straight", *args), log=lambda line: None)
 
-    revive = die_after_checkpoint(monkeypatch, lambda ckpt: pretrain.global_step(ckpt.model) == 3)
+    revive = die_after_checkpoint(monkeypatch, lambda ckpt: checkpoints.global_step(ckpt.model) == 3)
     with pytest.raises(Killed):
         pretrain.run(tiny_config(tmp_path / "killed", *args), log=lambda line: None)
     revive()
@@ -213,20 +213,20 @@ def test_non_finite_loss_stops_without_overwriting_the_last_checkpoint(tmp_path,
     paths = artifacts.Artifacts(tmp_path / "run")
     pretrain.run(tiny_config(tmp_path / "run", "train.steps=2", "train.checkpoint_every=2",
                              "train.warmup_steps=0"), log=lambda line: None)
-    assert pretrain.latest_checkpoint(paths.checkpoint_dir)[0] == 2
+    assert checkpoints.latest_checkpoint(paths.checkpoint_dir)[0] == 2
     before = (paths.checkpoint_dir / "ckpt-00000002.weights.h5").read_bytes()
     # An absurd learning rate without clipping: the weights overflow, the loss becomes NaN.
     diverging = tiny_config(tmp_path / "run", "train.steps=8", "train.checkpoint_every=1",
                             "train.warmup_steps=0", "train.learning_rate=1.0e+38",
                             "train.clipnorm=0")
-    with pytest.raises(pretrain.PretrainError) as err:
+    with pytest.raises(pretrainer.PretrainError) as err:
         pretrain.run(diverging, log=lambda line: None)
     message = str(err.value)
     assert "training stopped at step" in message and "not finite" in message
     for knob in ("train.learning_rate", "train.clipnorm", "train.precision"):
         assert knob in message
     bad_step = int(message.split("training stopped at step ")[1].split(":")[0])
-    last_good, path = pretrain.latest_checkpoint(paths.checkpoint_dir)
+    last_good, path = checkpoints.latest_checkpoint(paths.checkpoint_dir)
     assert 2 <= last_good < bad_step  # nothing written at or after the bad step
     assert f"{path.name} (step {last_good}) is kept" in message
     assert (paths.checkpoint_dir / "ckpt-00000002.weights.h5").read_bytes() == before
@@ -239,8 +239,8 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
 
-    monkeypatch.setattr(pretrain.models.BertPretrainer, "fit", out_of_memory)
-    with pytest.raises(pretrain.PretrainError) as err:
+    monkeypatch.setattr(models.BertPretrainer, "fit", out_of_memory)
+    with pytest.raises(pretrainer.PretrainError) as err:
         pretrain.run(tiny_config(tmp_path / "run"), log=lambda line: None)
     message = str(err.value)
     assert message.startswith("out of memory")
@@ -295,11 +295,11 @@ def test_jit_compile_auto_is_xla_for_one_replica_only():
             self.num_replicas_in_sync = n
 
     one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
-    assert pretrain.resolve_jit_compile("auto", tf.distribute.get_strategy()) is True
-    assert pretrain.resolve_jit_compile("auto", one_device) is True
-    assert pretrain.resolve_jit_compile("auto", Replicas(2)) == "auto"  # Keras: off
-    assert pretrain.resolve_jit_compile("true", Replicas(2)) is True
-    assert pretrain.resolve_jit_compile("false", one_device) is False
+    assert pretrainer.resolve_jit_compile("auto", tf.distribute.get_strategy()) is True
+    assert pretrainer.resolve_jit_compile("auto", one_device) is True
+    assert pretrainer.resolve_jit_compile("auto", Replicas(2)) == "auto"  # Keras: off
+    assert pretrainer.resolve_jit_compile("true", Replicas(2)) is True
+    assert pretrainer.resolve_jit_compile("false", one_device) is False
 
 
 def test_strategy_helpers(monkeypatch):

@@ -1,7 +1,7 @@
+import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-import apache_beam as beam
 
 from beam_jobs import vocab
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.convert import (
+from models.convert.common import (
     EMBEDDING_PATHS,
     GOOGLE_ACTIVATIONS,
     MLM_PATHS,

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.convert import (
+from models.convert.common import (
     EMBEDDING_PATHS,
     HF_ACTIVATION_NAMES,
     HF_ACTIVATIONS,

@@ -28,48 +28,8 @@ from beam_jobs import vocab as vocab_job
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
-from pipeline.config import Config
-
-
-def job_args(config: Config, paths: Artifacts, split: str, output_dir: str) -> list[str]:
-    """The Beam job's command line for one split."""
-    dc = config.data
-    args = [
-        "--input", paths.corpus_glob(split),
-        "--output_dir", output_dir,
-        "--split", split,
-        "--vocab_file", str(paths.vocab_file),
-        "--lowercase", str(config.vocab.lowercase).lower(),
-        "--max_seq_length", str(dc.max_seq_length),
-        "--max_predictions_per_seq", str(dc.max_predictions_per_seq),
-        "--masked_lm_prob", str(dc.masked_lm_prob),
-        "--short_seq_prob", str(dc.short_seq_prob),
-        "--dupe_factor", str(dc.dupe_factor),
-        # The held-out split gets its own seed so its masks differ from training's.
-        "--seed", str(dc.seed if split == "train" else dc.seed + 1),
-        "--num_shards", str(dc.num_shards if split == "train" else 1),
-        "--group_size_mb", str(dc.group_size_mb),
-        "--objective", dc.objective,
-        "--whole_word_masking", str(dc.whole_word_masking).lower(),
-        "--masking", dc.masking,
-    ]
-    if dc.phases:
-        args += ["--phases", ",".join(f"{s}:{p}" for s, p in config_lib.data_phases(config))]
-    return args + list(dc.beam_args)
-
-
-def flat_metrics(stats: dict, prefix: str) -> dict:
-    """Numbers of a stats dict as MLflow metrics: nested dicts flattened with ".", settings,
-    strings and booleans left out (they are params)."""
-    metrics = {}
-    for key, value in stats.items():
-        if key == "settings":
-            continue
-        if isinstance(value, dict):
-            metrics.update(flat_metrics(value, f"{prefix}{key}."))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            metrics[f"{prefix}{key}"] = value
-    return metrics
+from pipeline.config import Config, data_job
+from pipeline.tracking.runs import flat_metrics
 
 
 def run(config: Config, log=print) -> dict:
@@ -79,20 +39,8 @@ def run(config: Config, log=print) -> dict:
     vocab_job.check_vocab(str(paths.vocab_file))
     dc = config.data
     phases = config_lib.data_phases(config)
-    settings = {
-        "max_seq_length": phases[0][0],
-        "max_predictions_per_seq": phases[0][1],
-        "masked_lm_prob": dc.masked_lm_prob,
-        "short_seq_prob": dc.short_seq_prob,
-        "dupe_factor": dc.dupe_factor,
-        "seed": dc.seed,
-        "objective": dc.objective,
-        "whole_word_masking": dc.whole_word_masking,
-        "masking": dc.masking,
-        "group_size_mb": dc.group_size_mb,
-        "lowercase": config.vocab.lowercase,
-        "vocab_file": str(paths.vocab_file),
-    }
+    settings = {**data_job.instance_settings(config), "group_size_mb": dc.group_size_mb,
+                "lowercase": config.vocab.lowercase, "vocab_file": str(paths.vocab_file)}
     stats: dict = {"settings": settings}
     if dc.phases:
         stats["phases"] = [{"name": f"phase{i + 1}", "dir": f"phase{i + 1}",
@@ -103,7 +51,8 @@ def run(config: Config, log=print) -> dict:
             if not paths.corpus_files(split):
                 raise artifacts.MissingArtifact(
                     f"no {split} text in {paths.corpus_dir / split}; run `make corpus` again")
-            result = pretraining_data.run(job_args(config, paths, split, str(tmp)))
+            result = pretraining_data.run(data_job.job_args(
+                config, paths.corpus_glob(split), str(paths.vocab_file), str(tmp), split))
             per_phase = result["phases"] if dc.phases else [result]
             for i, phase_stats in enumerate(per_phase):
                 if not phase_stats["instances"]:

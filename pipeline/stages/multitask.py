@@ -2,8 +2,8 @@
 
 Reads top to bottom:
   1. the tasks of `multitask.tasks`, each a `finetune` section with its own data keys
-     (pipeline/config.py `multitask_tasks`): examples, labels and seeded splits through the
-     finetune stage's readers and features (pipeline/finetune_data.py, `finetune.make_split`);
+     (pipeline/config/validation.py `multitask_tasks`): examples, labels and seeded splits through the
+     finetune stage's readers and features (pipeline/finetuning/data.py, `task_model.make_split`);
   2. one encoder (`finetune.init_from`, else <run_dir>/pretrain/model.keras) shared by one task
      model per task (models/heads.py through `finetune.build_task_model`), each compiled with
      its task's loss scaled by the task's `weight` (`finetune.compile_task`), all updated by one
@@ -21,186 +21,37 @@ Reads top to bottom:
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import shutil
 import time
-import warnings
 
 import keras
 import mlflow
-import numpy as np
 
-from pipeline import artifacts
-from pipeline import config as config_lib
-from pipeline import finetune_data as fd
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
-from pipeline.stages import finetune
-from pipeline.stages.finetune import FinetuneError
-
-
-@dataclasses.dataclass
-class Task:
-    """One task of the run: its config entry, data, features and (once built) model."""
-    spec: config_lib.MultitaskTask
-    data: fd.TaskData
-    splits: dict
-    model: object = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def kind(self) -> str:
-        return self.spec.finetune.task
-
-
-# ---------------------------------------------------------------------------
-# Batches: per-task streams and the weighted schedule across them
-# ---------------------------------------------------------------------------
-def normalized_ratios(ratios) -> list[float]:
-    total = float(sum(ratios))
-    return [float(r) / total for r in ratios]
-
-
-def task_schedule(ratios, seed: int):
-    """An endless tf.data stream of task indices, index i drawn with probability ratio_i."""
-    import tensorflow as tf
-
-    streams = [tf.data.Dataset.from_tensors(np.int32(i)).repeat() for i in range(len(ratios))]
-    return tf.data.Dataset.sample_from_datasets(streams, weights=normalized_ratios(ratios),
-                                                seed=seed, stop_on_empty_dataset=False)
-
-
-def task_batches(split: finetune.Split, batch_size: int, seed: int):
-    """An endless, reshuffled stream of full (x, y, sample_weight) batches of one task."""
-    import tensorflow as tf
-
-    n = len(next(iter(split.x.values())))
-    parts = (split.x, split.y) + ((split.sample_weight,) if split.sample_weight else ())
-    ds = tf.data.Dataset.from_tensor_slices(parts)
-    ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
-    return ds.batch(batch_size, drop_remainder=True).prefetch(2)
-
-
-def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int, log=print,
-                label: str = "multitask", progress_every: int = 50) -> dict:
-    """`steps` optimizer steps, each on one batch of the task the schedule draws.
-
-    Returns {"batches": {task: count}, "train_loss": {task: mean loss of its last batches}}.
-    """
-    streams = {t.name: iter(task_batches(t.splits["train"], batch_size, seed + i))
-               for i, t in enumerate(tasks)}
-    schedule = iter(task_schedule([t.spec.sampling_ratio for t in tasks], seed))
-    counts = {t.name: 0 for t in tasks}
-    recent = {t.name: [] for t in tasks}
-    started = time.time()
-    for step in range(1, steps + 1):
-        task = tasks[int(next(schedule))]
-        batch = next(streams[task.name])
-        x, y = batch[0], batch[1]
-        weights = batch[2] if len(batch) == 3 else None
-        with warnings.catch_warnings():  # a token task's step leaves the shared pooler alone
-            warnings.filterwarnings("ignore", message=".*Gradients do not exist for variables.*")
-            logs = task.model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
-        counts[task.name] += 1
-        recent[task.name] = (recent[task.name] + [float(logs["loss"])])[-20:]
-        if step % progress_every == 0 or step == steps:
-            rate = step * batch_size / max(time.time() - started, 1e-9)
-            losses = {n: float(np.mean(v)) for n, v in recent.items() if v}
-            log(f"{label}: step {step}/{steps}  " +
-                "  ".join(f"{n} loss {v:.4f}" for n, v in losses.items()) +
-                f"  {rate:,.0f} examples/s")
-            if mlflow.active_run():
-                mlflow.log_metrics({f"{n}.train_loss": v for n, v in losses.items()}, step=step)
-    return {"batches": counts,
-            "train_loss": {n: float(np.mean(v)) if v else float("nan") for n, v in recent.items()}}
-
-
-# ---------------------------------------------------------------------------
-# Building the models
-# ---------------------------------------------------------------------------
-def load_tasks(config: Config, pre_for, log=print) -> list[Task]:
-    """Data and features of every task (the finetune stage's readers and features)."""
-    out = []
-    for spec in config_lib.multitask_tasks(config):
-        fc = spec.finetune
-        data = fd.load_task(fc)
-        pre = pre_for(fc.max_seq_length)
-        splits = {name: finetune.make_split(fc.task, examples, pre, data.labels, fc, data.pair)
-                  for name, examples in (("train", data.train), ("validation", data.validation),
-                                         *data.tests.items())}
-        counts = data.splits["counts"]
-        log(f"multitask: task {spec.name}: {fc.task} on {fc.dataset}: {counts['train']:,} train / "
-            f"{counts['validation']:,} validation / {counts['test']:,} test examples"
-            + (f", {len(data.labels)} labels" if data.labels else "")
-            + f"; loss weight {spec.weight}, sampling ratio {spec.sampling_ratio}")
-        out.append(Task(spec, data, splits))
-    return out
-
-
-def build_models(tasks: list[Task], backbone, fc, total_steps: int):
-    """One task model per task on the shared `backbone`, one optimizer over all of them."""
-    optimizer = finetune.build_optimizer(fc, total_steps)
-    for task in tasks:
-        task.model = finetune.build_task_model(task.kind, backbone, len(task.data.labels or []),
-                                               task.spec.finetune)
-    if fc.freeze != "encoder" and any(t.kind in ("classification", "regression") for t in tasks):
-        # build_task_model freezes the [CLS] pooler for token tasks; a pooled head here uses it.
-        backbone.pooled_dense.trainable = True
-    for task in tasks:
-        finetune.compile_task(task.model, task.kind, optimizer, loss_weight=task.spec.weight)
-    # One optimizer shared by the task models: built over every trainable variable (the
-    # encoder once, each head), so each task's step updates the encoder and its own head.
-    variables, seen = [], set()
-    for task in tasks:
-        for v in task.model.trainable_variables:
-            if id(v) not in seen:
-                seen.add(id(v))
-                variables.append(v)
-    optimizer.build(variables)
-    return optimizer
-
-
-def default_steps(tasks: list[Task], fc) -> int:
-    """`finetune.epochs` passes over every task's training batches (capped by max_steps)."""
-    steps = fc.epochs * sum(math.ceil(len(t.data.train) / fc.batch_size) for t in tasks)
-    return min(steps, fc.max_steps) if fc.max_steps else steps
-
-
-def evaluate_tasks(tasks: list[Task]) -> dict:
-    """{task: {"metric", "validation": {...}, "test": {...}}} with the finetune evaluation."""
-    out = {}
-    for task in tasks:
-        fc = task.spec.finetune
-        result = {"task": task.kind, "metric": task.data.metric}
-        for split in ("validation", *task.data.tests):
-            result[split] = finetune.evaluate(task.kind, task.model, task.splits[split],
-                                              task.data, fc)[0]
-        out[task.name] = result
-    return out
-
-
-def _floats(d: dict) -> dict:
-    return {k: float(v) for k, v in d.items() if isinstance(v, (float, np.floating))}
-
-
-def _log_task_metrics(results: dict) -> None:
-    flat = {}
-    for name, result in results.items():
-        for split in ("validation", "test"):
-            flat.update({f"{name}.{split}_{k}": v for k, v in _floats(result[split]).items()})
-    mlflow.log_metrics(flat)
+from pipeline.finetuning import task_model
+from pipeline.finetuning.multitask import (
+    _log_task_metrics,
+    build_models,
+    comparison,
+    comparison_markdown,
+    default_steps,
+    evaluate_tasks,
+    load_tasks,
+    normalized_ratios,
+    single_task_baseline,
+    train_mixed,
+    write_and_log,
+)
+from pipeline.finetuning.task_model import FinetuneError
+from pipeline.text import preprocessor
+from pipeline.text import vocab as vocab_lib
 
 
 # ---------------------------------------------------------------------------
 # The stage
 # ---------------------------------------------------------------------------
 def run(config: Config, log=print, write_outputs: bool = True) -> dict:
-    from pipeline import strategy as strategy_lib
+    from pipeline.training import strategy as strategy_lib
 
     mc, fc = config.multitask, config.finetune
     started = time.time()
@@ -209,14 +60,14 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
                             "dataset: brown_genre}, {name: pos, task: token_classification, "
                             "dataset: brown_pos}] (see configs/multitask_brown.yaml)")
     keras.utils.set_random_seed(fc.seed)
-    model_path, vocab_path = finetune.resolve_init(config)
-    vocab = fd.read_vocab(vocab_path)
-    lowercase = fd.vocab_lowercase(vocab_path, config.vocab.lowercase)
+    model_path, vocab_path = task_model.resolve_init(config)
+    vocab = vocab_lib.read_vocab(vocab_path)
+    lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
     preprocessors: dict = {}
 
     def pre_for(seq_length):
         if seq_length not in preprocessors:
-            preprocessors[seq_length] = fd.TextPreprocessor(vocab, lowercase, seq_length)
+            preprocessors[seq_length] = preprocessor.TextPreprocessor(vocab, lowercase, seq_length)
         return preprocessors[seq_length]
 
     tasks = load_tasks(config, pre_for, log)
@@ -225,7 +76,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
 
     def fresh_backbone():
         with strategy.scope():
-            backbone = finetune.load_backbone(model_path)
+            backbone = task_model.load_backbone(model_path)
         if backbone.vocabulary_size != len(vocab):
             raise FinetuneError(f"the encoder in {model_path} has {backbone.vocabulary_size} "
                                 f"token embeddings but {vocab_path} has {len(vocab)} tokens; "
@@ -285,100 +136,3 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
         write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path, log)
         results["output_dir"] = str(paths.dir)
     return results
-
-
-def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int, strategy,
-                         log) -> dict:
-    """`task` alone, from a fresh copy of the same encoder, for the same steps, as a nested run."""
-    fc = config.finetune
-    keras.utils.set_random_seed(fc.seed)
-    backbone = fresh_backbone()
-    alone = Task(dataclasses.replace(task.spec, weight=1.0, sampling_ratio=1.0), task.data,
-                 task.splits)
-    with strategy.scope():
-        build_models([alone], backbone, fc, steps)
-    parent = mlflow.active_run()
-    context = (mlflow.start_run(run_name=f"single-task: {task.name}", nested=True,
-                                experiment_id=parent.info.experiment_id,
-                                tags={"pipeline.stage": "multitask-single-task",
-                                      "multitask.task": task.name})
-               if parent else _null())
-    with context as child:
-        if child is not None:
-            mlflow.log_params({"multitask.task": task.name, "multitask.total_steps": steps,
-                               "finetune.learning_rate": fc.learning_rate,
-                               "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed})
-        log(f"multitask: single-task baseline {task.name}: {steps} steps")
-        train_mixed([alone], steps, fc.batch_size, fc.seed, log, label=f"single {task.name}")
-        result = evaluate_tasks([alone])[task.name]
-        if child is not None:
-            _log_task_metrics({task.name: result})
-            result["mlflow_run_id"] = child.info.run_id
-    return result
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
-def comparison(results: dict, tasks: list[Task]) -> list[dict]:
-    """Per task: the selection metric on test, single-task vs multi-task, and the delta."""
-    rows = []
-    for task in tasks:
-        metric = task.data.metric
-        multi = float(results["multitask"][task.name]["test"][metric])
-        single = float(results["single_task"][task.name]["test"][metric])
-        rows.append({"task": task.name, "type": task.kind, "metric": metric,
-                     "single_task": single, "multitask": multi, "delta": multi - single,
-                     "weight": task.spec.weight,
-                     "batches_multitask": results["batches"][task.name],
-                     "batches_single_task": results["steps"]})
-    return rows
-
-
-def comparison_markdown(rows: list[dict]) -> str:
-    lines = ["| task | type | test metric | single-task | multi-task | delta | "
-             "batches (multi / single) |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['task']} | {r['type']} | {r['metric']} | {r['single_task']:.4f} | "
-                     f"{r['multitask']:.4f} | {r['delta']:+.4f} | {r['batches_multitask']} / "
-                     f"{r['batches_single_task']} |")
-    return "\n".join(lines)
-
-
-def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path, log) -> None:
-    """<run_dir>/multitask/<name>/ written whole, then its files logged to MLflow."""
-    from pipeline import predict
-
-    with artifacts.atomic_dir(paths.dir) as tmp:
-        out = artifacts.MultitaskArtifacts(tmp)
-        for task in tasks:
-            fc = task.spec.finetune
-            folder = out.task(task.name)
-            folder.dir.mkdir(parents=True)
-            task.model.save(str(folder.model_keras))
-            shutil.copyfile(vocab_path, folder.vocab_file)
-            task_config = dataclasses.replace(config, finetune=fc)
-            info = finetune.task_info(task_config, task.data, lowercase, model_path)
-            info["multitask"] = config.multitask.name
-            folder.task_json.write_text(json.dumps(info, indent=2))
-            folder.splits.write_text(json.dumps(task.data.splits, indent=2))
-            folder.metrics.write_text(json.dumps(results["multitask"][task.name], indent=2,
-                                                 default=float))
-            if task.kind in predict.SERVING_TASKS:  # `make predict` serves it as a finetune folder
-                pre = fd.TextPreprocessor(fd.read_vocab(vocab_path), lowercase, fc.max_seq_length)
-                predict.export_text_model(task.model, pre, folder.saved_model, task.kind,
-                                          task.data.labels, info["pair"])
-        out.metrics.write_text(json.dumps(results, indent=2, default=float))
-        out.config.write_text(config_lib.dump_yaml(config))
-        if "comparison" in results:
-            out.comparison_json.write_text(json.dumps(results["comparison"], indent=2))
-            out.comparison_md.write_text(comparison_markdown(results["comparison"]) + "\n")
-    log(f"multitask: wrote {paths.dir}")
-    if not mlflow.active_run():
-        return
-    for path in (paths.metrics, paths.comparison_md, paths.comparison_json, paths.config):
-        if path.exists():
-            mlflow.log_artifact(str(path), "multitask")

@@ -176,7 +176,7 @@ def pretraining_dataset(pattern: str, batch_size: int, max_seq_length: int,
     files = tf.io.gfile.glob(pattern)
     if not files:
         raise FileNotFoundError(f"no TFRecord files match {pattern}; run `make data` first")
-    spec = schema.parse_spec(max_seq_length, max_predictions_per_seq)
+    spec = parse_spec(max_seq_length, max_predictions_per_seq)
     dataset = tf.data.Dataset.from_tensor_slices(sorted(files))
     if training:
         dataset = dataset.shuffle(len(files), seed=seed).repeat()
@@ -195,3 +195,36 @@ def pretraining_dataset(pattern: str, batch_size: int, max_seq_length: int,
                 tf.io.parse_example(records, spec), masking, max_predictions_per_seq, index)),
             num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+# ---------------------------------------------------------------------------
+# The TensorFlow side of beam_jobs/schema.py: tf.train.Example encoding and parsing
+# ---------------------------------------------------------------------------
+def serialize(instance: dict, max_seq_length: int, max_predictions_per_seq: int) -> bytes:
+    """One instance (unpadded lists are fine) -> a serialized tf.train.Example."""
+    padded = schema.pad_instance(instance, max_seq_length, max_predictions_per_seq)
+    feature = {}
+    for name, values in padded.items():
+        if name in schema.FLOAT_FEATURES:
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
+        else:
+            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    # Features are a protobuf map whose wire order otherwise depends on the process's hash
+    # seed: deterministic encoding makes equal instances equal records on every worker.
+    return example.SerializeToString(deterministic=True)
+
+
+def parse_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
+    """The `tf.io.parse_example` spec for records written by `serialize`."""
+    spec = {}
+    for name, length in schema.feature_lengths(max_seq_length, max_predictions_per_seq).items():
+        dtype = tf.float32 if name in schema.FLOAT_FEATURES else tf.int64
+        spec[name] = tf.io.FixedLenFeature([length], dtype)
+    return spec
+
+
+def parse_numpy(record: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict:
+    """Parses one record into numpy arrays (for tests and inspection)."""
+    parsed = tf.io.parse_single_example(record, parse_spec(max_seq_length, max_predictions_per_seq))
+    return {name: value.numpy() for name, value in parsed.items()}

@@ -5,10 +5,10 @@ most `window` pieces starting at 0, `stride`, `2·stride`, ... until one reaches
 every piece is in at least one window and consecutive windows overlap by
 `window - stride` pieces (when `stride < window`). It is used by
 
-- extractive QA (`finetune_data.qa_features`: context windows after the question),
+- extractive QA (`pipeline/finetuning/features.py` `qa_features`: context windows after the question),
 - long-document classification (`document_windows` below: `[CLS] window [SEP]` per window,
   the window predictions aggregated per document by the head, `finetune.long_doc_aggregation`),
-- passage retrieval (`pipeline/retrieval.py`: a long document split into passages, each
+- passage retrieval (`pipeline/serving/search.py`: a long document split into passages, each
   embedded, document score = best passage score).
 
     >>> spans(10, 4, 3)
@@ -97,7 +97,7 @@ def document_windows(piece_ids: list[list[int]], seq_length: int, stride: int, m
 
 
 def text_windows(texts: list[str], pre, stride: int, max_windows: int) -> dict:
-    """`document_windows` for raw texts with a `finetune_data.TextPreprocessor` (the whole text
+    """`document_windows` for raw texts with a `pipeline.text.preprocessor.TextPreprocessor` (the whole text
     tokenized by its in-graph WordPiece tokenizer, so the first window is exactly what the
     truncating single-window model sees)."""
     return document_windows(pre.tokenize_words(list(texts)), pre.seq_length, stride, max_windows,
@@ -142,45 +142,3 @@ def tf_text_windows(pre, text, stride: int, max_windows: int) -> dict:
     return {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
             "padding_mask": tf.cast(token_ids != pre.pad_id, tf.int32),
             "window_mask": tf.cast(real, tf.int32)}
-
-
-def export_window_model(model, pre, folder, labels, stride: int, max_windows: int) -> None:
-    """The raw-text SavedModel of a windowed classifier: text -> {"label", "scores"}, as
-    `predict.export_text_model` writes for classification, windows made in the graph."""
-    import tensorflow as tf
-
-    if not 1 <= stride <= pre.seq_length - 2:
-        raise ValueError(f"window stride {stride}: must be 1..{pre.seq_length - 2} (a window)")
-
-    class WindowServing(tf.Module):
-        def __init__(self):
-            super().__init__(name="window_serving")
-            self.model = model
-            self.tokenizer = pre.tokenizer  # tracked: the vocabulary table travels
-            self.labels = tf.constant(list(labels))
-
-    module = WindowServing()
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-    def serve(text):
-        outputs = module.model(tf_text_windows(pre, text, stride, max_windows), training=False)
-        scores = tf.nn.softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)
-        return {"label": tf.gather(module.labels, tf.argmax(scores, axis=-1)), "scores": scores}
-
-    module.serve = serve
-    tf.saved_model.save(module, str(folder), signatures={"serving_default": serve})
-
-
-def check_window_export(folder, model, pre, texts: list[str], stride: int,
-                        max_windows: int) -> float:
-    """Max |exported − in-memory| class probability on `texts` (raw strings into the SavedModel
-    vs. `text_windows` + the Keras model)."""
-    from pipeline import predict
-
-    exported = predict.run_saved_model(predict.load_saved_model(folder), list(texts))
-    f = text_windows(texts, pre, stride, max_windows)
-    logits = np.asarray(model.predict({k: f[k] for k in WINDOW_FEATURES}, verbose=0)["logits"],
-                        np.float64)
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    return float(np.abs(probs - exported["scores"]).max())

@@ -9,6 +9,8 @@ A training that resumes from a checkpoint continues the run it started (`resumab
 `reopen_run`; the run id is kept beside the checkpoints by `write_run_file`); two-phase
 pretraining adds a run per phase under the pipeline run (`child_run`). Under multi_worker only
 the chief creates runs (pipeline/cli.py).
+
+`flat_metrics` turns a nested stats dict into MLflow metrics.
 """
 
 from __future__ import annotations
@@ -23,7 +25,22 @@ from pathlib import Path
 
 import mlflow
 
-from pipeline import artifacts, config as config_lib
+from pipeline import artifacts
+from pipeline import config as config_lib
+
+
+def flat_metrics(stats: dict, prefix: str) -> dict:
+    """Numbers of a stats dict as MLflow metrics: nested dicts flattened with ".", settings,
+    strings and booleans left out (they are params)."""
+    metrics = {}
+    for key, value in stats.items():
+        if key == "settings":
+            continue
+        if isinstance(value, dict):
+            metrics.update(flat_metrics(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[f"{prefix}{key}"] = value
+    return metrics
 
 
 def tracking_uri(config: config_lib.Config) -> str:
@@ -254,3 +271,16 @@ def promote_if_better(model_name: str, version: str, metric: str, value: float,
     log(f"registry: {model_name} v{version}: {'promoted to' if promote else 'not'} "
         f"{CHAMPION} ({reason})")
     return promote
+
+
+def log_parameter_breakdown(model, artifact_dir: str = "params"):
+    """Logs the parameter breakdown of `model`: `<artifact_dir>/params.json`, `params.txt` and `params_*` metrics to the active run."""
+    from models.params import parameter_breakdown
+
+    breakdown = parameter_breakdown(model)  # models/params.py
+    mlflow.log_dict(breakdown.to_dict(), f"{artifact_dir}/params.json")
+    mlflow.log_text(breakdown.format_table() + "\n", f"{artifact_dir}/params.txt")
+    metrics = {f"params_{k}": float(v) for k, v in breakdown.summary().items()}
+    metrics.update({f"params_{k}": float(v) for k, v in breakdown.ratios.items()})
+    mlflow.log_metrics(metrics)
+    return breakdown

@@ -1,4 +1,5 @@
-"""Evaluation metrics of the fine-tuning tasks, in plain numpy (no TensorFlow, no scikit-learn).
+"""Evaluation metrics of the fine-tuning tasks: scikit-learn and scipy where they have them,
+ports of the official scripts where they do not (CoNLL `conlleval`, SQuAD's evaluate-v2.0).
 
 Each function follows the definition people compare against:
 
@@ -6,7 +7,8 @@ Each function follows the definition people compare against:
   classes present in the gold or predicted labels, as scikit-learn's default), `binary_f1`
   (F1 of the positive class: MRPC, QQP), `matthews_corrcoef` (multi-class form, as
   scikit-learn and GLUE's CoLA);
-- regression: `pearson`, `spearman` (Pearson of average ranks, ties share a rank);
+- regression: `pearson`, `spearman` (Pearson of average ranks, ties share a rank; both 0
+  where undefined, i.e. a constant side, instead of scipy's NaN);
 - token classification: `conll_chunks` / `conll_f1` (entity-level precision, recall, F1 as the
   CoNLL `conlleval` script: a chunk counts only if its type and both boundaries match; IOB1,
   IOB2/BIO and IOBES tags), `token_accuracy`;
@@ -28,8 +30,11 @@ from __future__ import annotations
 import collections
 import re
 import string
+import warnings
 
 import numpy as np
+from scipy import stats
+from sklearn import metrics as sk_metrics
 
 
 # ---------------------------------------------------------------------------
@@ -46,8 +51,7 @@ def _labels(y_true, y_pred):
 
 def accuracy(y_true, y_pred) -> float:
     """Fraction of predictions equal to the gold label."""
-    y_true, y_pred = _labels(y_true, y_pred)
-    return float(np.mean(y_true == y_pred))
+    return float(sk_metrics.accuracy_score(*_labels(y_true, y_pred)))
 
 
 def confusion_matrix(y_true, y_pred, num_classes: int | None = None) -> np.ndarray:
@@ -57,57 +61,39 @@ def confusion_matrix(y_true, y_pred, num_classes: int | None = None) -> np.ndarr
     [[1, 0], [1, 1]]
     """
     y_true, y_pred = _labels(y_true, y_pred)
-    y_true, y_pred = y_true.astype(np.int64), y_pred.astype(np.int64)
     n = int(num_classes if num_classes is not None else max(y_true.max(), y_pred.max()) + 1)
-    matrix = np.zeros((n, n), np.int64)
-    np.add.at(matrix, (y_true, y_pred), 1)
-    return matrix
+    return sk_metrics.confusion_matrix(y_true, y_pred, labels=np.arange(n)).astype(np.int64)
 
 
 def f1_per_class(y_true, y_pred, num_classes: int | None = None) -> np.ndarray:
     """F1 of each class id 0..n-1 (0 where a class has neither gold nor predicted examples)."""
-    m = confusion_matrix(y_true, y_pred, num_classes)
-    tp = np.diag(m).astype(np.float64)
-    gold, predicted = m.sum(axis=1), m.sum(axis=0)
-    denominator = gold + predicted
-    return np.divide(2 * tp, denominator, out=np.zeros_like(tp), where=denominator > 0)
+    y_true, y_pred = _labels(y_true, y_pred)
+    n = int(num_classes if num_classes is not None else max(y_true.max(), y_pred.max()) + 1)
+    return sk_metrics.f1_score(y_true, y_pred, labels=np.arange(n), average=None,
+                               zero_division=0.0)
 
 
 def macro_f1(y_true, y_pred) -> float:
     """Unweighted mean F1 over the classes that occur in the gold or the predicted labels."""
     y_true, y_pred = _labels(y_true, y_pred)
-    present = np.union1d(y_true, y_pred)
-    remap = {c: i for i, c in enumerate(present.tolist())}
-    t = np.array([remap[c] for c in y_true.tolist()])
-    p = np.array([remap[c] for c in y_pred.tolist()])
-    return float(f1_per_class(t, p, len(present)).mean())
+    return float(sk_metrics.f1_score(y_true, y_pred, average="macro", zero_division=0.0))
 
 
 def binary_f1(y_true, y_pred, positive=1) -> float:
     """F1 of the positive class (GLUE's MRPC and QQP); 0 when there are no true positives."""
     y_true, y_pred = _labels(y_true, y_pred)
-    tp = float(np.sum((y_true == positive) & (y_pred == positive)))
-    fp = float(np.sum((y_true != positive) & (y_pred == positive)))
-    fn = float(np.sum((y_true == positive) & (y_pred != positive)))
-    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+    return float(sk_metrics.f1_score(y_true == positive, y_pred == positive, zero_division=0.0))
 
 
 def matthews_corrcoef(y_true, y_pred) -> float:
-    """Matthews correlation, multi-class form (Gorodkin 2004, as scikit-learn); 0 if undefined.
+    """Matthews correlation, multi-class form (Gorodkin 2004); 0 if undefined.
 
-    >>> matthews_corrcoef([1, 1, 0, 0], [1, 0, 0, 0])
-    0.5773502691896258
+    >>> round(matthews_corrcoef([1, 1, 0, 0], [1, 0, 0, 0]), 6)
+    0.57735
     """
-    y_true, y_pred = _labels(y_true, y_pred)
-    classes = np.union1d(y_true, y_pred)
-    index = {c: i for i, c in enumerate(classes.tolist())}
-    m = confusion_matrix([index[c] for c in y_true.tolist()], [index[c] for c in y_pred.tolist()],
-                         len(classes)).astype(np.float64)
-    t, p = m.sum(axis=1), m.sum(axis=0)  # gold / predicted count per class
-    c, s = np.trace(m), m.sum()
-    numerator = c * s - t @ p
-    denominator = np.sqrt((s * s - p @ p) * (s * s - t @ t))
-    return 0.0 if denominator == 0 else float(numerator / denominator)
+    with warnings.catch_warnings():  # one label on both sides: undefined, 0 (sklearn warns)
+        warnings.simplefilter("ignore", UserWarning)
+        return float(sk_metrics.matthews_corrcoef(*_labels(y_true, y_pred)))
 
 
 def classification_report(y_true, y_pred) -> dict:
@@ -120,14 +106,14 @@ def classification_report(y_true, y_pred) -> dict:
 # Regression
 # ---------------------------------------------------------------------------
 def pearson(x, y) -> float:
-    """Pearson correlation; 0 when either side is constant."""
+    """Pearson correlation; 0 when either side is constant (where it is undefined)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if x.shape != y.shape or x.size < 2:
         raise ValueError(f"pearson needs two equal-length series of >= 2 values, got {x.shape}, "
                          f"{y.shape}")
-    x, y = x - x.mean(), y - y.mean()
-    denominator = np.sqrt((x * x).sum() * (y * y).sum())
-    return 0.0 if denominator == 0 else float((x * y).sum() / denominator)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return 0.0
+    return float(stats.pearsonr(x, y).statistic)
 
 
 def average_ranks(x) -> np.ndarray:
@@ -136,29 +122,18 @@ def average_ranks(x) -> np.ndarray:
     >>> average_ranks([10, 20, 20, 5]).tolist()
     [2.0, 3.5, 3.5, 1.0]
     """
-    x = np.asarray(x, np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), np.float64)
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    return stats.rankdata(np.asarray(x, np.float64), method="average")
 
 
 def spearman(x, y) -> float:
-    """Spearman rank correlation (Pearson of average ranks)."""
+    """Spearman rank correlation (Pearson of average ranks); 0 when either side is constant."""
     return pearson(average_ranks(x), average_ranks(y))
 
 
 def regression_report(y_true, y_pred) -> dict:
     y_true, y_pred = np.asarray(y_true, np.float64), np.asarray(y_pred, np.float64)
     return {"pearson": pearson(y_true, y_pred), "spearman": spearman(y_true, y_pred),
-            "mse": float(np.mean((y_true - y_pred) ** 2))}
+            "mse": float(sk_metrics.mean_squared_error(y_true, y_pred))}
 
 
 # ---------------------------------------------------------------------------
@@ -253,6 +228,8 @@ def is_chunk_tagset(labels) -> bool:
 # Extractive QA (the official SQuAD v1.1 / v2.0 evaluation scripts)
 # ---------------------------------------------------------------------------
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
 _PUNCTUATION = set(string.punctuation)
 
 

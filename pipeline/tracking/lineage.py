@@ -17,88 +17,105 @@ The dependency rules follow how people use continued pretraining:
     pretrain ← model.* / train.* settings, data stats + shards listing, vocab.txt hash, code
     finetune, sweep, multitask, distill ← always run (any model, any labelled set); their keys record config + code
 
-so touching the corpus re-runs corpus → data → pretrain (and what follows), not the vocab.
+The sections and upstream stages come from pipeline/stage_spec.py. A stage's code is the
+source of its module and of every project module it imports, directly or through others
+(`code_files`, found from the import statements, in-function ones included), so a change
+anywhere the stage reaches re-runs it.
+
+So touching the corpus re-runs corpus → data → pretrain (and what follows), not the vocab.
 """
 
 from __future__ import annotations
 
-import glob
+import ast
 import hashlib
 import json
 from pathlib import Path
 
-from pipeline import artifacts, config as config_lib
+from pipeline import artifacts
+from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
+from pipeline.stage_spec import STAGES
 
-# Fine-tuning stages share their data, heads, metrics and exports.
-FINETUNE_CODE = ["pipeline/stages/finetune.py", "pipeline/finetune_data.py", "pipeline/metrics.py",
-                 "pipeline/predict.py", "pipeline/word_serving.py", "pipeline/windows.py",
-                 "models/*.py"]
-STAGE_CODE = {
-    "corpus": ["pipeline/stages/corpus.py"],
-    "vocab": ["pipeline/stages/vocab.py", "beam_jobs/vocab.py"],
-    "data": ["pipeline/stages/data.py", "beam_jobs/pretraining_data.py",
-             "beam_jobs/transforms.py", "beam_jobs/schema.py"],
-    "pretrain": ["pipeline/stages/pretrain.py", "pipeline/inputs.py", "beam_jobs/schema.py",
-                 "models/*.py"],
-    "finetune": FINETUNE_CODE,
-    "sweep": FINETUNE_CODE,
-    "multitask": ["pipeline/stages/multitask.py"] + FINETUNE_CODE,
-    "distill": ["pipeline/stages/distill.py"] + FINETUNE_CODE,
-}
-STAGE_CONFIG = {
-    "corpus": ["corpus"],
-    "vocab": ["vocab"],
-    "data": ["data", "vocab.lowercase"],
-    "pretrain": ["model", "train", "data.max_seq_length", "data.max_predictions_per_seq",
-                 "data.phases"],
-    "finetune": ["finetune"],
-    "sweep": ["finetune"],
-    "multitask": ["finetune", "multitask"],
-    "distill": ["distill"],
-}
-UPSTREAM = {"corpus": [], "vocab": ["corpus"], "data": ["corpus", "vocab"], "pretrain": ["data"],
-            "finetune": ["pretrain"], "sweep": ["pretrain"],
-            "multitask": ["pretrain"], "distill": ["finetune"]}
-MARKER = ".stage.json"
+PROJECT_PACKAGES = ("pipeline", "models", "beam_jobs")
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-
-
 def output_dir(stage: str, paths: Artifacts) -> Path:
-    return {"corpus": paths.corpus_dir, "vocab": paths.vocab_dir, "data": paths.data_dir,
-            "pretrain": paths.pretrain_dir, "finetune": paths.finetune_root,
-            "sweep": paths.finetune_root, "multitask": paths.multitask_root,
-            "distill": paths.distill_root}[stage]
+    return paths.output_dir(stage)
 
 
 def marker_path(stage: str, paths: Artifacts) -> Path:
-    """<output dir>/.stage.json; the sweep shares finetune/ and keeps its own marker there."""
-    name = ".sweep.stage.json" if stage == "sweep" else MARKER
-    return output_dir(stage, paths) / name
+    """<output dir>/.stage.json (the sweep shares finetune/ and keeps its own marker there)."""
+    return output_dir(stage, paths) / STAGES[stage].marker
 
 
-def code_hash(stage: str) -> str:
+def _source(module: str, root: Path) -> Path | None:
+    """The file of a project module (a .py file or a package's __init__.py), else None."""
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path, module: str, root: Path) -> set[str]:
+    """The project modules that `path` (the source of `module`) imports, anywhere in it."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: `from . import x`, `from .a import b`
+                parents = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parents + ([base] if base else []))
+            # `from a import b` imports a, and a.b as well when b is a module.
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names
+                     if name.split(".")[0] in PROJECT_PACKAGES and _source(name, root))
+    return found
+
+
+def code_files(stage: str, root: Path | None = None) -> list[Path]:
+    """The source of the stage's module and of every project module it imports, directly or
+    through others (in-function imports included), with their packages' __init__.py."""
+    root = Path(root or artifacts.PROJECT_ROOT)
+    seen: set[str] = set()
+    todo = [STAGES[stage].module]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages it is in
+        todo += sorted(_imported_modules(_source(module, root), module, root) - seen)
+    return sorted(_source(module, root) for module in seen)
+
+
+def code_hash(stage: str, root: Path | None = None) -> str:
+    """sha256 over the paths and contents of `code_files(stage)`."""
+    root = Path(root or artifacts.PROJECT_ROOT)
     sha = hashlib.sha256()
-    for pattern in STAGE_CODE[stage]:
-        for path in sorted(glob.glob(str(artifacts.PROJECT_ROOT / pattern))):
-            sha.update(Path(path).relative_to(artifacts.PROJECT_ROOT).as_posix().encode())
-            sha.update(Path(path).read_bytes())
+    for path in code_files(stage, root):
+        sha.update(path.relative_to(root).as_posix().encode())
+        sha.update(path.read_bytes())
     return sha.hexdigest()
 
 
 def config_hash(stage: str, config: config_lib.Config) -> str:
     flat = config_lib.to_flat_dict(config)
     chosen = {k: v for k, v in flat.items()
-              if any(k == key or k.startswith(key + ".") for key in STAGE_CONFIG[stage])}
+              if any(k == key or k.startswith(key + ".") for key in STAGES[stage].config)}
     if stage == "data":
         chosen.pop("data.beam_args", None)  # where it runs does not change what it makes
-    if stage == "vocab":
-        chosen["corpus.source"], chosen["corpus.path"] = flat["corpus.source"], flat["corpus.path"]
     return sha256_bytes(json.dumps(chosen, sort_keys=True).encode())
 
 
@@ -108,7 +125,7 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
         if config.corpus.source == "brown":
             files = [artifacts.BROWN_TARBALL]
         else:
-            from pipeline.stages.corpus import expand_globs
+            from pipeline.text.sources import expand_globs
 
             try:
                 files = expand_globs(config.corpus.path)
@@ -119,7 +136,7 @@ def input_hashes(stage: str, config: config_lib.Config, paths: Artifacts) -> dic
         stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
         return {"corpus_files": sha256_bytes(json.dumps(stats).encode()),
                 "corpus_file_count": len(files)}
-    if stage in ("finetune", "sweep", "multitask", "distill"):
+    if not STAGES[stage].cached:
         return None  # fine-tuning always runs (its inputs: any model, any labelled set)
     if stage == "vocab":
         if config.vocab.from_file:
@@ -142,7 +159,7 @@ def fingerprint(stage: str, config: config_lib.Config, paths: Artifacts) -> dict
     """{"key": ..., "config_hash", "code_hash", "inputs": {...}, "upstream_runs": {...}}."""
     inputs = input_hashes(stage, config, paths)
     upstream_runs = {}
-    for up in UPSTREAM[stage]:
+    for up in STAGES[stage].upstream:
         marker = read_marker(up, paths)
         if marker:
             upstream_runs[up] = marker.get("mlflow_run_id", "")

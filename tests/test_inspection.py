@@ -1,4 +1,4 @@
-"""Tests for pipeline/inspect.py: fill-mask, nsp, attention maps, embeddings, the CLI.
+"""Tests for pipeline/inspection/ and pipeline/tools/inspect_model.py: fill-mask, nsp, attention maps, embeddings, the CLI.
 
 One tiny BERT (1 layer, hidden 32) is trained here, in about a second, on four
 sentences that follow each other in a cycle, so it must learn the planted last
@@ -19,7 +19,8 @@ from PIL import Image
 
 import models
 from pipeline import cli
-from pipeline import inspect as inspect_lib
+from pipeline.inspection import plots, probes
+from pipeline.text import tokenizer as tokenizer_lib
 
 SENTENCES = [
     "the cat sat on the mat",
@@ -81,7 +82,7 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("inspect")
     vocab = root / "vocab.txt"
     vocab.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
-    tokenizer = inspect_lib.Tokenizer(vocab)
+    tokenizer = tokenizer_lib.Tokenizer(vocab)
     keras.utils.set_random_seed(1)
     encoder = models.BertEncoder(vocabulary_size=len(VOCAB), num_layers=1, num_heads=2,
                                  hidden_dim=32, intermediate_dim=64, dropout=0.0,
@@ -89,7 +90,7 @@ def files(tmp_path_factory):
     model = models.BertPretrainer(encoder)
     model.compile(optimizer=keras.optimizers.Adam(5e-3))
     x, y, weights = training_data(tokenizer)
-    model.fit(x, y, sample_weight=weights, batch_size=32, epochs=30, shuffle=False, verbose=0)
+    model.fit(x, y, sample_weight=weights, batch_size=32, epochs=60, shuffle=False, verbose=0)
     model.save(root / "model.keras")
     model.export(str(root / "saved_model"), format="tf_saved_model", verbose=False)
     return {"root": root, "vocab": vocab, "keras": root / "model.keras",
@@ -126,9 +127,9 @@ def test_tokenizer_builds_bert_inputs_with_literal_mask(files):
 
 
 def test_fill_mask_predicts_the_planted_word(files, capsys):
-    model, tokenizer = inspect_lib.load(model=files["keras"], vocab=files["vocab"])
+    model, tokenizer = probes.load(model=files["keras"], vocab=files["vocab"])
     for text, word in PLANTED.items():
-        predictions = inspect_lib.fill_mask(model, tokenizer, text, top_k=3)
+        predictions = probes.fill_mask(model, tokenizer, text, top_k=3)
         assert len(predictions) == 1 and len(predictions[0]) == 3
         assert predictions[0][0]["token"] == word, (text, predictions)
         assert predictions[0][0]["probability"] > 0.5
@@ -147,31 +148,31 @@ def test_fill_mask_predicts_the_planted_word(files, capsys):
 
 
 def test_saved_model_gives_the_same_predictions(files):
-    keras_model, tokenizer = inspect_lib.load(model=files["keras"], vocab=files["vocab"])
-    saved, _ = inspect_lib.load(model=files["saved_model"], vocab=files["vocab"])
+    keras_model, tokenizer = probes.load(model=files["keras"], vocab=files["vocab"])
+    saved, _ = probes.load(model=files["saved_model"], vocab=files["vocab"])
     assert saved.kind == "saved_model" and saved.max_sequence_length == MAX_LENGTH
     text = "a bird flew over the [MASK] and [MASK]"
-    for a, b in zip(inspect_lib.fill_mask(keras_model, tokenizer, text),
-                    inspect_lib.fill_mask(saved, tokenizer, text)):
+    for a, b in zip(probes.fill_mask(keras_model, tokenizer, text),
+                    probes.fill_mask(saved, tokenizer, text)):
         assert [p["token"] for p in a] == [p["token"] for p in b]
         np.testing.assert_allclose([p["probability"] for p in a], [p["probability"] for p in b],
                                    atol=1e-5)
     np.testing.assert_allclose(
-        inspect_lib.nsp_probability(keras_model, tokenizer, SENTENCES[0], SENTENCES[1]),
-        inspect_lib.nsp_probability(saved, tokenizer, SENTENCES[0], SENTENCES[1]), atol=1e-5)
+        probes.nsp_probability(keras_model, tokenizer, SENTENCES[0], SENTENCES[1]),
+        probes.nsp_probability(saved, tokenizer, SENTENCES[0], SENTENCES[1]), atol=1e-5)
 
 
 def test_nsp_probability_of_the_next_sentence(files, capsys):
-    model, tokenizer = inspect_lib.load(model=files["keras"], vocab=files["vocab"])
+    model, tokenizer = probes.load(model=files["keras"], vocab=files["vocab"])
     n = len(SENTENCES)
-    scores = inspect_lib.nsp_probability(  # all (A, B) pairs in one batch
+    scores = probes.nsp_probability(  # all (A, B) pairs in one batch
         model, tokenizer, [a for a in SENTENCES for _ in SENTENCES], SENTENCES * n).reshape(n, n)
     for i, row in enumerate(scores):
         following = (i + 1) % n
         assert int(np.argmax(row)) == following, (SENTENCES[i], np.round(row, 3))
         assert row[following] > 0.5
         assert row[following] == pytest.approx(
-            inspect_lib.nsp_probability(model, tokenizer, SENTENCES[i], SENTENCES[following]),
+            probes.nsp_probability(model, tokenizer, SENTENCES[i], SENTENCES[following]),
             abs=1e-5)
     code, out, err = run_cli(capsys, "nsp", SENTENCES[0], SENTENCES[1],
                              "--model", files["saved_model"], "--json")
@@ -184,16 +185,16 @@ def test_nsp_probability_of_the_next_sentence(files, capsys):
 
 def test_attention_maps_shape_rows_and_padding(files, encoder_model):
     tokenizer = files["tokenizer"]
-    maps = inspect_lib.attention_maps(encoder_model, tokenizer, "the cat sat on the mat",
-                                      "he was happy")  # checks it reproduces sequence_output
+    maps = probes.attention_maps(encoder_model, tokenizer, "the cat sat on the mat",
+                                 "he was happy")  # checks it reproduces sequence_output
     assert maps.shape == (2, 2, 12, 12)  # (layers, heads, seq, seq)
     np.testing.assert_allclose(maps.sum(axis=-1), 1.0, atol=1e-5)
     np.testing.assert_array_equal(  # inference mode: attention dropout off, same maps twice
-        maps, inspect_lib.attention_maps(encoder_model, tokenizer, "the cat sat on the mat",
-                                         "he was happy"))
+        maps, probes.attention_maps(encoder_model, tokenizer, "the cat sat on the mat",
+                                    "he was happy"))
 
     inputs = tokenizer.encode([("the cat sat on the mat", None), ("a bird", None)], MAX_LENGTH)
-    hidden, attention = inspect_lib.encoder_trace(encoder_model, inputs)
+    hidden, attention = probes.encoder_trace(encoder_model, inputs)
     assert attention.shape == (2, 2, 2, 8, 8)  # (batch, layers, heads, seq, seq)
     short = attention[1]  # "[CLS] a bird [SEP]" + 4 padding positions
     np.testing.assert_allclose(short[..., :4].sum(axis=-1), 1.0, atol=1e-5)
@@ -207,13 +208,13 @@ def test_attention_equals_softmax_of_query_key_products(files, encoder_model):
     """Recomputed from each layer's query/key weights: softmax(QK^T/sqrt(d) + padding mask)."""
     inputs = files["tokenizer"].encode(
         [("the dog ran to the park", "my friend read"), ("the tree", None)], MAX_LENGTH)
-    hidden, attention = inspect_lib.encoder_trace(encoder_model, inputs)
+    hidden, attention = probes.encoder_trace(encoder_model, inputs)
     for layer, transformer in enumerate(encoder_model.backbone.transformer_layers):
         mha = transformer._self_attention_layer
         wq, bq = (keras.ops.convert_to_numpy(w) for w in (mha._query_dense.kernel,
-                                                           mha._query_dense.bias))
+                                                          mha._query_dense.bias))
         wk, bk = (keras.ops.convert_to_numpy(w) for w in (mha._key_dense.kernel,
-                                                           mha._key_dense.bias))
+                                                          mha._key_dense.bias))
         q = np.einsum("bsh,hnd->bsnd", hidden[layer], wq) + bq  # (batch, seq, heads, head_dim)
         k = np.einsum("bsh,hnd->bsnd", hidden[layer], wk) + bk
         scores = np.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
@@ -225,9 +226,9 @@ def test_attention_equals_softmax_of_query_key_products(files, encoder_model):
 
 def test_attention_pngs_and_probes(files, encoder_model, tmp_path, capsys):
     tokenizer = files["tokenizer"]
-    maps = inspect_lib.attention_maps(encoder_model, tokenizer, "the cat sat on the mat")
-    tokens = inspect_lib.token_labels(tokenizer, "the cat sat on the mat")
-    written = inspect_lib.plot_attention(maps, tokens, tmp_path / "maps", layers=[1], heads=[0])
+    maps = probes.attention_maps(encoder_model, tokenizer, "the cat sat on the mat")
+    tokens = probes.token_labels(tokenizer, "the cat sat on the mat")
+    written = plots.plot_attention(maps, tokens, tmp_path / "maps", layers=[1], heads=[0])
     assert [p.name for p in written] == ["layer01_head00.png", "layer01_heads.png"]
     for path in written:
         assert path.stat().st_size > 0
@@ -235,11 +236,11 @@ def test_attention_pngs_and_probes(files, encoder_model, tmp_path, capsys):
             assert image.format == "PNG" and min(image.size) > 100
             image.verify()
 
-    probes = inspect_lib.log_attention_probes(encoder_model, files["vocab"], tmp_path / "probes",
-                                              layers=[1])
-    assert [p.name for p in probes] == [f"probe{i}_layer01_heads.png"
-                                        for i in range(len(inspect_lib.PROBES))]
-    assert all(p.is_file() and p.stat().st_size > 0 for p in probes)
+    written = plots.log_attention_probes(encoder_model, files["vocab"], tmp_path / "probes",
+                                         layers=[1])
+    assert [p.name for p in written] == [f"probe{i}_layer01_heads.png"
+                                         for i in range(len(probes.PROBES))]
+    assert all(p.is_file() and p.stat().st_size > 0 for p in written)
 
     # The command line on the trained 1-layer model; a SavedModel is refused with a reason.
     out_dir = tmp_path / "cli"
@@ -247,7 +248,7 @@ def test_attention_pngs_and_probes(files, encoder_model, tmp_path, capsys):
                              files["keras"], "--heads", "1", "--out", out_dir)
     assert code == 0, err
     assert sorted(p.name for p in out_dir.glob("*.png")) == ["layer00_head01.png",
-                                                            "layer00_heads.png"]
+                                                             "layer00_heads.png"]
     assert np.load(out_dir / "attention.npz")["weights"].shape == (1, 2, 8, 8)
     code, _, err = run_cli(capsys, "attention", "the cat", "--model", files["saved_model"],
                            "--out", out_dir)
@@ -263,16 +264,16 @@ def test_attention_pngs_and_probes(files, encoder_model, tmp_path, capsys):
 def test_embeddings_shapes_and_determinism(files, encoder_model):
     tokenizer = files["tokenizer"]
     texts = ["the cat sat on the mat", "a bird", "the cat sat on the mat"]
-    cls = inspect_lib.embed(encoder_model, tokenizer, texts, "cls")
-    mean = inspect_lib.embed(encoder_model, tokenizer, texts, "mean")
-    tokens = inspect_lib.embed(encoder_model, tokenizer, texts, "tokens")
+    cls = probes.embed(encoder_model, tokenizer, texts, "cls")
+    mean = probes.embed(encoder_model, tokenizer, texts, "mean")
+    tokens = probes.embed(encoder_model, tokenizer, texts, "tokens")
     assert cls.shape == mean.shape == (3, 16)
     assert [t.shape for t in tokens] == [(8, 16), (4, 16), (8, 16)]
-    np.testing.assert_array_equal(cls, inspect_lib.embed(encoder_model, tokenizer, texts, "cls"))
+    np.testing.assert_array_equal(cls, probes.embed(encoder_model, tokenizer, texts, "cls"))
     np.testing.assert_allclose(cls[0], cls[2], atol=1e-6)  # identical inputs, identical vectors
     np.testing.assert_allclose(mean[1], tokens[1].mean(axis=0), atol=1e-6)  # padding excluded
     np.testing.assert_allclose(cls[:, None], np.stack([t[:1] for t in tokens]), atol=1e-6)
-    one_by_one = inspect_lib.embed(encoder_model, tokenizer, texts, "mean", batch_size=1)
+    one_by_one = probes.embed(encoder_model, tokenizer, texts, "mean", batch_size=1)
     np.testing.assert_allclose(one_by_one, mean, atol=1e-5)  # padding does not change vectors
 
 

@@ -1,8 +1,8 @@
 """Raw-string serving graphs for token classification (NER, POS) and extractive QA (SQuAD).
 
-These do in TensorFlow ops what `finetune_data.token_features` / `token_predictions` and
+These do in TensorFlow ops what `pipeline.finetuning.features.token_features` / `token_predictions` and
 `qa_features` / `qa_predictions` do in Python, so the SavedModel written by
-`pipeline.predict.export_text_model` takes raw strings, like the classification one:
+`pipeline.serving.export.export_text_model` takes raw strings, like the classification one:
 
 token classification: `text` (batch,) ->
     words       (batch, max_words) string, "" past word_count: the text split on whitespace
@@ -35,7 +35,11 @@ from __future__ import annotations
 # Python's `\s` and `\w` (str.isspace / isalnum + "_") as RE2 classes (identical for every
 # assigned code point of the Unicode version Python 3.11 knows).
 WHITESPACE = r"[\s\x{0b}\x{1c}-\x{1f}\x{85}\p{Z}]"
+
+
 WORD_CHAR = r"[\p{L}\p{N}_]"
+
+
 PUNCTUATION = r"[^\p{L}\p{N}_\s\x{0b}\x{1c}-\x{1f}\x{85}\p{Z}]"
 
 

@@ -1,0 +1,363 @@
+"""Validation on load: every choice and range (allowed.py, one range check), and the rules
+that tie keys together (phases, fine-tuning datasets, multi-task entries, distillation).
+
+Each failure is a `ConfigError` naming the source, the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+from models import presets
+from pipeline.config.allowed import CHOICES, RANGES
+from pipeline.config.sections import (
+    Config,
+    ConfigError,
+    FinetuneConfig,
+    TrainConfig,
+    _build,
+    _coerce,
+    get,
+    model_architecture,
+    to_dict,
+)
+
+
+def check_range(key: str, value, low, high, inclusive: bool, source: str) -> None:
+    """Raises ConfigError unless low <= value (low < value if not `inclusive`) and, with a
+    `high`, value <= high; the message names the source, the key, the value and the range."""
+    too_low = value < low if inclusive else value <= low
+    if too_low or (high is not None and value > high):
+        lo = f">= {low}" if inclusive else f"> {low}"
+        allowed = lo if high is None else f"{lo} and <= {high}"
+        raise ConfigError(f"{source}: key {key} = {value!r} is out of range; it must be {allowed}")
+
+
+def validate(config: Config, source: str = "<config>") -> None:
+    """Checks choices, ranges and the cross-field rules; raises ConfigError naming the key."""
+    for key, allowed in CHOICES.items():
+        value = get(config, key)
+        if value not in allowed:
+            raise ConfigError(f"{source}: key {key} = {value!r} is not allowed; "
+                              f"choose one of: {', '.join(allowed)}")
+    for key, low, high, inclusive in RANGES:
+        check_range(key, get(config, key), low, high, inclusive, source)
+    if config.vocab.from_file and not Path(config.vocab.from_file).is_file():
+        raise ConfigError(f"{source}: key vocab.from_file = {config.vocab.from_file!r}: no such file; "
+                          f"give the path of a vocab.txt (one token per line) or leave it empty "
+                          f"to learn a vocabulary from the corpus")
+    if config.corpus.source == "files" and not config.corpus.path:
+        raise ConfigError(f"{source}: key corpus.path is empty but corpus.source = 'files'; "
+                          f"set corpus.path to a glob of Google-format text files")
+    arch = model_architecture(config)
+    embedding_size = config.model.embedding_size
+    if embedding_size is not None and not 1 <= embedding_size <= arch["hidden_dim"]:
+        raise ConfigError(
+            f"{source}: key model.embedding_size = {embedding_size!r} is out of range; it must be "
+            f"null (= the hidden size) or an integer from 1 to the hidden size "
+            f"{arch['hidden_dim']} (ALBERT uses 128)")
+    if arch["hidden_dim"] % arch["num_heads"]:
+        raise ConfigError(
+            f"{source}: key model.num_heads = {arch['num_heads']}: hidden size "
+            f"{arch['hidden_dim']} (model.hidden_dim) is not divisible by it; choose a number of "
+            f"heads that divides the hidden size (e.g. {arch['hidden_dim'] // 64 or 1})")
+    # With data.phases the phases' lengths replace data.max_seq_length (_validate_phases).
+    if not config.data.phases and config.data.max_seq_length > config.model.max_sequence_length:
+        raise ConfigError(
+            f"{source}: key data.max_seq_length = {config.data.max_seq_length} is larger than the "
+            f"model's position table (model.max_sequence_length = "
+            f"{config.model.max_sequence_length}); lower data.max_seq_length or raise "
+            f"model.max_sequence_length")
+    if config.data.max_predictions_per_seq > config.data.max_seq_length - 3:
+        raise ConfigError(
+            f"{source}: key data.max_predictions_per_seq = {config.data.max_predictions_per_seq} "
+            f"must be below data.max_seq_length - 3 = {config.data.max_seq_length - 3}")
+    _validate_phases(config, source)
+    train_phases(config, source)
+    if config.train.warmup_steps > config.train.steps:
+        raise ConfigError(f"{source}: key train.warmup_steps = {config.train.warmup_steps} is more "
+                          f"than train.steps = {config.train.steps}; lower it")
+    _validate_finetune(config, source)
+    _validate_multitask(config, source)
+    _validate_distill(config, source)
+    if config.model.init_from:
+        value = config.model.init_from
+        problem = _init_from_problem(Path(value))
+        if problem:
+            raise ConfigError(f"{source}: key model.init_from = {value!r} {problem}; "
+                              f"it must be a .keras file (python -m models.convert import-hf / "
+                              f"import-google), a Hugging Face BERT directory (config.json) or a "
+                              f"Google BERT directory (bert_config.json)")
+
+
+def data_phases(config: Config) -> list[tuple[int, int]]:
+    """[(max_seq_length, max_predictions_per_seq)] of each data phase ("128/20" or "128:20");
+    without data.phases, the one phase of data.max_seq_length / data.max_predictions_per_seq."""
+    if not config.data.phases:
+        return [(config.data.max_seq_length, config.data.max_predictions_per_seq)]
+    phases = []
+    for item in config.data.phases:
+        parts = str(item).replace(":", "/").split("/")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(item)
+        phases.append((int(parts[0]), int(parts[1])))
+    return phases
+
+
+def _validate_phases(config: Config, source: str) -> None:
+    try:
+        phases = data_phases(config)
+    except ValueError as err:
+        raise ConfigError(f"{source}: key data.phases = {config.data.phases!r}: {str(err)!r} is not "
+                          f"max_seq_length/max_predictions_per_seq; write e.g. "
+                          f"[\"128/20\", \"512/80\"]") from None
+    for seq, pred in phases if config.data.phases else []:
+        if seq < 8 or seq > config.model.max_sequence_length or not 1 <= pred <= seq - 3:
+            raise ConfigError(
+                f"{source}: key data.phases = {config.data.phases!r}: phase {seq}/{pred} needs "
+                f"8 <= max_seq_length <= model.max_sequence_length "
+                f"({config.model.max_sequence_length}) and 1 <= max_predictions_per_seq <= "
+                f"max_seq_length - 3")
+
+
+# The train.* keys a phase of train.phases may set; the others are shared by all phases.
+TRAIN_PHASE_KEYS = ("steps", "batch_size", "grad_accum_steps", "learning_rate", "warmup_steps",
+                    "end_learning_rate", "decay_power", "checkpoint_every")
+
+
+def train_phases(config: Config, source: str = "<config>") -> list[TrainConfig]:
+    """The TrainConfig of each data phase: train.* with that phase's train.phases entry
+    applied. Without data.phases: [config.train]. Raises ConfigError naming the bad key."""
+    tc = config.train
+    if not config.data.phases:
+        if tc.phases:
+            raise ConfigError(f"{source}: key train.phases = {tc.phases!r} is set but data.phases "
+                              f"is empty; set data.phases (e.g. [\"128/20\", \"512/80\"]) or "
+                              f"remove train.phases")
+        return [tc]
+    count = len(config.data.phases)
+    if tc.phases and len(tc.phases) != count:
+        raise ConfigError(f"{source}: key train.phases has {len(tc.phases)} entries but "
+                          f"data.phases = {config.data.phases!r} has {count}; give one mapping "
+                          f"per data phase, in order")
+    hints = typing.get_type_hints(TrainConfig)
+    out = []
+    for i, entry in enumerate(tc.phases or [{}] * count):
+        where = f"train.phases[{i}]"
+        unknown = sorted(set(entry) - set(TRAIN_PHASE_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: key {where}.{unknown[0]} cannot be set per phase; "
+                              f"allowed: {', '.join(TRAIN_PHASE_KEYS)} (the other train.* keys "
+                              f"apply to every phase)")
+        values = {k: _coerce(v, hints[k], f"{where}.{k}", source) for k, v in entry.items()}
+        phase = dataclasses.replace(tc, phases=[], **values)
+        for key, low, high, inclusive in RANGES:
+            name = key.partition(".")[2]
+            if not key.startswith("train.") or name not in entry:
+                continue
+            check_range(f"{where}.{name}", getattr(phase, name), low, high, inclusive, source)
+        if phase.warmup_steps > phase.steps:
+            raise ConfigError(f"{source}: key {where}.warmup_steps = {phase.warmup_steps} is more "
+                              f"than that phase's steps = {phase.steps}; lower it")
+        out.append(phase)
+    return out
+
+
+def _init_from_problem(path: Path) -> str:
+    """Why `path` cannot be a model.init_from checkpoint ("" if it can)."""
+    if not path.exists():
+        return "does not exist"
+    if path.is_file():
+        return "" if path.suffix == ".keras" else "is a file but not a .keras file"
+    if (path / "config.json").is_file() or (path / "bert_config.json").is_file():
+        return ""
+    return "is a directory without config.json or bert_config.json"
+
+
+# The dataset formats each fine-tuning task reads.
+FINETUNE_DATASETS = {
+    "classification": ("brown_genre", "csv", "tsv", "jsonl", "glue"),
+    "regression": ("csv", "tsv", "jsonl", "glue"),
+    "token_classification": ("brown_pos", "conll"),
+    "question_answering": ("squad",),
+    "semantic_search": ("csv", "tsv", "jsonl"),
+}
+
+
+GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
+
+
+def _validate_finetune(config: Config, source: str) -> None:
+    fc = config.finetune
+    allowed = FINETUNE_DATASETS[fc.task]
+    if fc.dataset not in allowed:
+        raise ConfigError(f"{source}: key finetune.dataset = {fc.dataset!r} cannot feed "
+                          f"finetune.task = {fc.task!r}; choose one of: {', '.join(allowed)}")
+    if fc.dataset in ("csv", "tsv", "jsonl", "conll", "squad") and not fc.train_file:
+        raise ConfigError(f"{source}: key finetune.train_file is empty but finetune.dataset = "
+                          f"{fc.dataset!r}; set it to the training file")
+    if fc.dataset == "glue":
+        if fc.glue_task not in GLUE_TASK_NAMES:
+            raise ConfigError(f"{source}: key finetune.glue_task = {fc.glue_task!r} is not allowed; "
+                              f"choose one of: {', '.join(GLUE_TASK_NAMES)}")
+        if not fc.glue_dir:
+            raise ConfigError(f"{source}: key finetune.glue_dir is empty but finetune.dataset = "
+                              f"'glue'; set it to the GLUE download folder (glue_data/)")
+        regression_task = fc.glue_task == "sts-b"
+        if regression_task != (fc.task == "regression"):
+            raise ConfigError(f"{source}: key finetune.task = {fc.task!r} does not fit GLUE task "
+                              f"{fc.glue_task!r}; use task "
+                              f"{'regression' if regression_task else 'classification'}")
+    if fc.task == "semantic_search" and not fc.text_pair_column:
+        raise ConfigError(f"{source}: key finetune.text_pair_column is empty but finetune.task = "
+                          f"'semantic_search' trains on (text, text_pair) pairs; name the column "
+                          f"of each text's matching document")
+    if (fc.validation_file or fc.test_file) and fc.dataset not in ("csv", "tsv", "jsonl",
+                                                                   "conll", "squad"):
+        raise ConfigError(f"{source}: key finetune.validation_file / test_file only apply to "
+                          f"file datasets, not finetune.dataset = {fc.dataset!r}")
+    if fc.validation_fraction + fc.test_fraction >= 0.9:
+        raise ConfigError(f"{source}: key finetune.validation_fraction + test_fraction = "
+                          f"{fc.validation_fraction + fc.test_fraction} leaves too little to "
+                          f"train on; keep the sum below 0.9")
+    if fc.long_doc_aggregation != "none":
+        if fc.task != "classification" or fc.text_pair_column:
+            raise ConfigError(f"{source}: key finetune.long_doc_aggregation = "
+                              f"{fc.long_doc_aggregation!r} applies to single-text "
+                              f"classification only (finetune.task = {fc.task!r}"
+                              f"{', text_pair_column set' if fc.text_pair_column else ''}); "
+                              f"allowed there: none")
+        if fc.window_stride > fc.max_seq_length - 2:
+            raise ConfigError(f"{source}: key finetune.window_stride = {fc.window_stride} is "
+                              f"longer than a window (finetune.max_seq_length - 2 = "
+                              f"{fc.max_seq_length - 2} pieces), so text would be skipped; it "
+                              f"must be >= 1 and <= {fc.max_seq_length - 2}")
+    if fc.task == "question_answering" and fc.max_query_length + 3 >= fc.max_seq_length:
+        raise ConfigError(f"{source}: key finetune.max_query_length = {fc.max_query_length} leaves "
+                          f"no room for the context in finetune.max_seq_length = "
+                          f"{fc.max_seq_length}; lower it")
+    for item in fc.sweep:
+        key, _, values = item.partition("=")
+        if not values or key.strip() not in {f.name for f in dataclasses.fields(FinetuneConfig)}:
+            raise ConfigError(f"{source}: key finetune.sweep item {item!r} must look like "
+                              f"KEY=V1,V2 with KEY a finetune key (e.g. learning_rate=1e-4,3e-4)")
+
+
+# The ranges people use (Devlin et al. 2019, appendix A.3; Google's small-BERT README for
+# models below BERT-Base). Values outside them are allowed, with a warning.
+FINETUNE_USUAL = {
+    "learning_rate": (1e-5, 3e-4, "BERT-Base/Large use 2e-5..5e-5; Google's small BERTs "
+                                  "3e-5..3e-4"),
+    "batch_size": (8, 128, "16..128"),
+    "epochs": (2, 10, "2..10 (4 for Google's small BERTs)"),
+    "warmup_fraction": (0.0, 0.2, "0..0.2 (BERT: 0.1)"),
+}
+
+
+def finetune_warnings(config: Config) -> list[str]:
+    """Hyperparameters outside the usual BERT fine-tuning ranges (allowed, but worth a look)."""
+    out = []
+    for key, (low, high, usual) in FINETUNE_USUAL.items():
+        value = getattr(config.finetune, key)
+        if not low <= value <= high:
+            out.append(f"finetune.{key} = {value} is outside the usual range ({usual})")
+    return out
+
+
+# Multi-task fine-tuning: the task types with a per-batch loss on one text (pair); the keys
+# shared by all tasks (one encoder, one optimizer, one schedule) cannot be set per task.
+MULTITASK_TASKS = ("classification", "regression", "token_classification")
+
+
+MULTITASK_SHARED_KEYS = ("init_from", "vocab_file", "freeze", "trainable_last_n", "learning_rate",
+                         "epochs", "max_steps", "warmup_fraction", "weight_decay", "clipnorm",
+                         "seed", "sweep", "register_model", "registered_model", "name")
+
+
+MULTITASK_OWN_KEYS = ("name", "weight", "sampling_ratio")
+
+
+@dataclass
+class MultitaskTask:
+    name: str
+    weight: float
+    sampling_ratio: float
+    finetune: FinetuneConfig  # the `finetune` section with this task's keys applied
+
+
+def multitask_tasks(config: Config, source: str = "<config>") -> list[MultitaskTask]:
+    """The entries of `multitask.tasks`, checked, each with its own FinetuneConfig."""
+    import re
+
+    out, seen = [], set()
+    finetune_keys = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    for i, entry in enumerate(config.multitask.tasks):
+        where = f"multitask.tasks[{i}]"
+        name = entry.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name or ""):
+            raise ConfigError(f"{source}: key {where}.name = {name!r} is not allowed; give each "
+                              f"task a name of letters, digits, _ or - (it prefixes its metrics)")
+        if name in seen:
+            raise ConfigError(f"{source}: key {where}.name = {name!r} is used twice; task names "
+                              f"must be unique")
+        seen.add(name)
+        where = f"multitask.tasks[{i}] ({name})"
+        unknown = sorted(set(entry) - finetune_keys - set(MULTITASK_OWN_KEYS))
+        shared = sorted((set(entry) & set(MULTITASK_SHARED_KEYS)) - set(MULTITASK_OWN_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: key {where}.{unknown[0]} is unknown; allowed: "
+                              f"{', '.join(MULTITASK_OWN_KEYS)} and the finetune data keys "
+                              f"(task, dataset, train_file, max_examples, max_seq_length, ...)")
+        if shared:
+            raise ConfigError(f"{source}: key {where}.{shared[0]} cannot differ per task (one "
+                              f"encoder, one optimizer); set finetune.{shared[0]} instead")
+        weight = _coerce(entry.get("weight", 1.0), float, f"{where}.weight", source)
+        ratio = _coerce(entry.get("sampling_ratio", 1.0), float, f"{where}.sampling_ratio", source)
+        if weight < 0:
+            raise ConfigError(f"{source}: key {where}.weight = {weight} is out of range; it must "
+                              f"be >= 0 (0 trains nothing through this task's loss)")
+        if ratio <= 0:
+            raise ConfigError(f"{source}: key {where}.sampling_ratio = {ratio} is out of range; "
+                              f"it must be > 0")
+        raw = {**to_dict(config)["finetune"],
+               **{k: v for k, v in entry.items() if k not in MULTITASK_OWN_KEYS}}
+        fc = _build(FinetuneConfig, raw, f"{where}.", source)
+        fc = dataclasses.replace(fc, name=name)
+        if fc.task not in MULTITASK_TASKS:
+            raise ConfigError(f"{source}: key {where}.task = {fc.task!r} is not allowed in "
+                              f"multi-task training; choose one of: {', '.join(MULTITASK_TASKS)}")
+        task_config = dataclasses.replace(config, finetune=fc)
+        try:
+            for key, allowed in CHOICES.items():
+                if key.startswith("finetune.") and get(task_config, key) not in allowed:
+                    raise ConfigError(f"key {key} = {get(task_config, key)!r} is not allowed; "
+                                      f"choose one of: {', '.join(allowed)}")
+            for key, low, high, inclusive in RANGES:
+                if key.startswith("finetune."):
+                    check_range(key, get(task_config, key), low, high, inclusive, "")
+            _validate_finetune(task_config, "")
+        except ConfigError as err:
+            message = str(err).lstrip(": ").replace("finetune.", f"{where}.")
+            raise ConfigError(f"{source}: {message}") from None
+        out.append(MultitaskTask(name, weight, ratio, fc))
+    return out
+
+
+def _validate_multitask(config: Config, source: str) -> None:
+    tasks = multitask_tasks(config, source)
+    if tasks and sum(t.weight for t in tasks) <= 0:
+        raise ConfigError(f"{source}: key multitask.tasks: every weight is 0; give at least one "
+                          f"task a weight > 0")
+
+
+def _validate_distill(config: Config, source: str) -> None:
+    dc = config.distill
+    if dc.student_preset and dc.student_preset not in presets.PRESETS:
+        raise ConfigError(f"{source}: key distill.student_preset = {dc.student_preset!r} is not "
+                          f"allowed; choose one of: {', '.join(presets.PRESETS)} (or leave it "
+                          f"empty for the teacher's sizes)")
+    if dc.hidden_dim and dc.num_heads and dc.hidden_dim % dc.num_heads:
+        raise ConfigError(f"{source}: key distill.num_heads = {dc.num_heads} does not divide "
+                          f"distill.hidden_dim = {dc.hidden_dim}; choose a divisor")

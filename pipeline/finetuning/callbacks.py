@@ -1,0 +1,67 @@
+"""Keras callbacks of fine-tuning: the validation metric after every epoch (the best epoch's
+weights kept) and progress lines.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import mlflow
+import numpy as np
+
+
+# ---------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------
+class EpochEvaluator(keras.callbacks.Callback):
+    """After every epoch: the validation metrics, logged; the best epoch's weights kept."""
+
+    def __init__(self, evaluate_fn, metric: str, log, to_mlflow: bool):
+        super().__init__()
+        self.evaluate_fn, self.metric, self.log = evaluate_fn, metric, log
+        self.to_mlflow = to_mlflow
+        self.best, self.best_epoch, self.best_weights, self.history = -np.inf, -1, None, []
+        self.best_result = None
+        self.start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        result = self.evaluate_fn()
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        entry = {"epoch": epoch + 1, "step": step,
+                 "train_loss": float((logs or {}).get("loss", np.nan)),
+                 **{f"val_{k}": v for k, v in result.items() if isinstance(v, float)}}
+        self.history.append(entry)
+        if self.to_mlflow and mlflow.active_run():
+            mlflow.log_metrics({k: v for k, v in entry.items() if k not in ("epoch", "step")},
+                               step=step)
+        value = result[self.metric]
+        self.log(f"finetune: epoch {epoch + 1}  step {step}  loss {entry['train_loss']:.4f}  "
+                 f"validation {self.metric} {value:.4f}  ({time.time() - self.start:.0f} s)")
+        if value > self.best:
+            self.best, self.best_epoch, self.best_result = value, epoch + 1, result
+            self.best_weights = self.model.get_weights()
+
+
+class Progress(keras.callbacks.Callback):
+    """Every `every` steps: loss and throughput (to the log and MLflow)."""
+
+    def __init__(self, every: int, total: int, batch_size: int, log):
+        super().__init__()
+        self.every, self.total, self.batch_size, self.log = every, total, batch_size, log
+        self.last = None
+
+    def on_train_begin(self, logs=None):
+        self.last = (time.time(), 0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        if step % self.every:
+            return
+        now = time.time()
+        rate = (step - self.last[1]) * self.batch_size / max(now - self.last[0], 1e-9)
+        self.last = (now, step)
+        loss = float((logs or {}).get("loss", np.nan))
+        if mlflow.active_run():
+            mlflow.log_metrics({"train_loss": loss, "examples_per_second": rate}, step=step)
+        self.log(f"finetune: step {step}/{self.total}  loss {loss:.4f}  {rate:,.0f} examples/s")

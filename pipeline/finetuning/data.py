@@ -1,0 +1,207 @@
+"""Fine-tuning data: labelled files → examples → fixed seeded splits → fixed-length features.
+
+Readers: pipeline/finetuning/readers.py.
+
+`load_task(config)` picks the reader from `finetune.dataset`, fixes the label set (from
+`finetune.labels` or the training data; a validation/test label outside it is an error that
+names the file and the label), and makes the splits: the given files, or seeded splits of the
+training file (by document for Brown, so no document is on both sides), recorded in
+`TaskData.splits` (the stage writes them to splits.json).
+
+Features: pipeline/text/preprocessor.py (text and text pairs, in-graph) and
+pipeline/finetuning/features.py (token classification and QA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+from pipeline.finetuning.readers import (
+    GLUE_TASKS,
+    FinetuneDataError,
+    TaskData,
+    TokenExample,
+    read_brown_genre,
+    read_brown_pos,
+    read_conll,
+    read_glue,
+    read_squad,
+    read_table,
+)
+
+
+# ---------------------------------------------------------------------------
+# Labels and splits
+# ---------------------------------------------------------------------------
+def label_of(example):
+    return example.tags if isinstance(example, TokenExample) else example.label
+
+
+def label_set(train: list, configured: list | None = None) -> list:
+    """The configured labels, or the sorted distinct labels of the training examples."""
+    if configured:
+        if len(set(configured)) != len(configured):
+            raise FinetuneDataError(f"finetune.labels {configured} has duplicates")
+        return [str(x) for x in configured]
+    seen = set()
+    for example in train:
+        value = label_of(example)
+        seen.update(value if isinstance(value, list) else [value])
+    seen.discard(None)
+    if len(seen) < 2:
+        raise FinetuneDataError(f"the training data has {len(seen)} distinct label(s) "
+                                f"({sorted(seen)}); a classifier needs at least 2")
+    return sorted(seen)
+
+
+def check_labels(examples: list, labels: list, split: str) -> None:
+    """Raises FinetuneDataError naming the first example whose label is not in `labels`."""
+    known = set(labels)
+    for example in examples:
+        value = label_of(example)
+        for v in value if isinstance(value, list) else [value]:
+            if v not in known:
+                raise FinetuneDataError(
+                    f"{example.source or split}: label {v!r} is not in the label set "
+                    f"{labels[:20]}{' ...' if len(labels) > 20 else ''} ({split} split); add it "
+                    f"to finetune.labels or fix the data")
+
+
+def split_by_group(examples: list, validation_fraction: float, test_fraction: float,
+                   seed: int, stratify: bool = True) -> tuple[list, list, list, dict]:
+    """Seeded split of the examples' groups (documents) into train / validation / test.
+
+    Groups are shuffled with `random.Random(seed)` — within each label when `stratify` (a
+    group's label, or `stratum` if set, is its first example's) — and the first
+    `test_fraction` of every label's groups go to test, the next `validation_fraction` to
+    validation. Every label with at least 3 groups gets at least one group on each side.
+    Returns the three lists and a record of the groups per split.
+    """
+    groups: dict[str, list] = {}
+    for example in examples:
+        groups.setdefault(example.group, []).append(example)
+    strata: dict = {}
+    for name, members in groups.items():
+        key = (getattr(members[0], "stratum", "") or label_of(members[0])) \
+            if stratify and not isinstance(members[0], TokenExample) else "all"
+        key = "all" if isinstance(key, float) else key
+        strata.setdefault(key, []).append(name)
+    rng = random.Random(seed)
+    assigned = {"train": [], "validation": [], "test": []}
+    for key in sorted(strata, key=str):
+        names = sorted(strata[key])
+        rng.shuffle(names)
+        n = len(names)
+        n_test = int(round(n * test_fraction))
+        n_val = int(round(n * validation_fraction))
+        if n >= 3:
+            n_test = max(n_test, 1 if test_fraction > 0 else 0)
+            n_val = max(n_val, 1 if validation_fraction > 0 else 0)
+        assigned["test"] += names[:n_test]
+        assigned["validation"] += names[n_test:n_test + n_val]
+        assigned["train"] += names[n_test + n_val:]
+    out = {split: [e for g in sorted(names) for e in groups[g]] for split, names in
+           assigned.items()}
+    record = {"method": "seeded split by group" + (" stratified by label" if stratify else ""),
+              "seed": seed, "validation_fraction": validation_fraction,
+              "test_fraction": test_fraction,
+              "groups": {split: sorted(names) for split, names in assigned.items()}}
+    return out["train"], out["validation"], out["test"], record
+
+
+def sha256_file(path) -> str:
+    from pipeline.artifacts import sha256_file as sha256
+
+    return sha256(Path(path))
+
+
+# ---------------------------------------------------------------------------
+# Loading a task from the config
+# ---------------------------------------------------------------------------
+def load_task(fc, brown_tarball=None) -> TaskData:
+    """The examples, label set, splits and selection metric for `config.finetune` (`fc`)."""
+    from pipeline import artifacts
+
+    task, dataset = fc.task, fc.dataset
+    regression = task == "regression"
+    files = {}
+    extra_tests = {}
+    metric = {"classification": "accuracy", "regression": "pearson",
+              "token_classification": "f1", "question_answering": "f1",
+              "semantic_search": "mrr"}[task]
+    pair = bool(fc.text_pair_column)
+    stratify = task == "classification"
+    if dataset in ("brown_genre", "brown_pos"):
+        tarball = Path(brown_tarball or artifacts.BROWN_TARBALL)
+        if dataset == "brown_genre":
+            examples = read_brown_genre(tarball, fc.sentences_per_example, fc.brown_labels)
+            metric = "macro_f1"
+        else:
+            examples = read_brown_pos(tarball)
+        files["train"] = tarball
+        given = {"train": examples}
+    elif dataset == "glue":
+        glue = read_glue(fc.glue_dir, fc.glue_task)
+        spec = GLUE_TASKS[fc.glue_task]
+        metric = spec["metric"]
+        pair = "pair" in spec
+        given = {"train": glue["train"], "test": glue["test"]}
+        extra_tests = {k: v for k, v in glue.items() if k.startswith("test_")}
+        files = {"glue_dir": Path(fc.glue_dir)}
+        if not fc.labels and spec["labels"]:
+            fc = dataclasses.replace(fc, labels=list(spec["labels"]))
+    else:
+        def read(path):
+            if dataset == "conll":
+                return read_conll(path, fc.conll_word_column, fc.conll_label_column)
+            if dataset == "squad":
+                return read_squad(path)
+            return read_table(path, fc.text_column, fc.text_pair_column, fc.label_column,
+                              fmt=dataset, regression=regression,
+                              require_label=task != "semantic_search")
+
+        given = {}
+        for split in ("train", "validation", "test"):
+            path = getattr(fc, f"{split}_file")
+            if path:
+                files[split] = Path(path)
+                given[split] = read(path)
+    if task == "semantic_search":
+        pair = True
+    train = given["train"]
+    validation, test = given.get("validation"), given.get("test")
+    splits: dict = {"files": {k: {"path": str(v), "sha256": sha256_file(v)} if Path(v).is_file()
+                              else {"path": str(v)} for k, v in files.items()}}
+    if validation is None or test is None:
+        fractions = (0.0 if validation is not None else fc.validation_fraction,
+                     0.0 if test is not None else fc.test_fraction)
+        tr, va, te, record = split_by_group(train, *fractions, fc.split_seed, stratify=stratify)
+        train = tr
+        validation = validation if validation is not None else va
+        test = test if test is not None else te
+        splits["split"] = record
+    if fc.max_examples:
+        rng = random.Random(fc.split_seed)
+        train, validation, test = (
+            rng.sample(s, fc.max_examples) if len(s) > fc.max_examples else s
+            for s in (train, validation, test))
+        splits["max_examples"] = fc.max_examples
+    for name, split in (("train", train), ("validation", validation), ("test", test)):
+        if not split:
+            raise FinetuneDataError(f"the {name} split is empty; give more data or raise "
+                                    f"finetune.{'test' if name == 'test' else 'validation'}"
+                                    f"_fraction")
+    labels = None
+    if task in ("classification", "token_classification"):
+        # Splits cut from one file share its label inventory (a rare tag may fall in test
+        # only); separately given validation/test files must use the training labels.
+        inventory = given["train"] if "split" in splits else train
+        labels = label_set(inventory, fc.labels)
+        for name, split in (("train", train), ("validation", validation), ("test", test),
+                            *extra_tests.items()):
+            check_labels(split, labels, name)
+    splits["counts"] = {"train": len(train), "validation": len(validation), "test": len(test),
+                        **{k: len(v) for k, v in extra_tests.items()}}
+    return TaskData(train, validation, {"test": test, **extra_tests}, labels, splits, metric, pair)

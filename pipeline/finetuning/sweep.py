@@ -1,0 +1,100 @@
+"""A fine-tuning hyperparameter grid (`finetune.sweep`): one nested MLflow run per point,
+the best point by the validation metric reported and written beside the task's folder."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+
+import mlflow
+import yaml
+
+from pipeline import artifacts
+from pipeline import config as config_lib
+from pipeline.artifacts import Artifacts
+from pipeline.config import Config
+from pipeline.finetuning.task_model import FinetuneError, output_name
+from pipeline.finetuning.train import fine_tune
+
+
+def parse_grid(items: list[str]) -> dict:
+    """["learning_rate=1e-4,3e-4", "epochs=2,3"] -> {"learning_rate": [1e-4, 3e-4], ...}."""
+    grid = {}
+    for item in items:
+        key, _, values = item.partition("=")
+        grid[key.strip()] = [_scalar(v.strip()) for v in values.split(",") if v.strip()]
+    return grid
+
+
+def _scalar(text: str):
+    """"3" -> 3, "1e-4" -> 0.0001 (YAML 1.1 would keep it a string), "none" -> "none"."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
+
+
+def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
+    """Runs every point of `grid` (default: `finetune.sweep`) as a nested MLflow run, picks the
+    best by the validation metric, and writes <run_dir>/finetune/<name>.sweep.json. The points
+    are evaluated, not exported; fine-tune the best one with `make finetune ARGS=...`."""
+    grid = grid if grid is not None else parse_grid(config.finetune.sweep)
+    if not grid:
+        raise FinetuneError("finetune.sweep is empty; give a grid, e.g. "
+                            "finetune.sweep='[\"learning_rate=1e-4,3e-4\", \"epochs=2,3\"]'")
+    keys = list(grid)
+    points = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    log(f"sweep: {len(points)} points over {', '.join(keys)}")
+    results = []
+    for i, point in enumerate(points, start=1):
+        overrides = [f"finetune.{k}={v}" for k, v in point.items()]
+        # Re-validate every point (ranges, cross-checks) through the config loader.
+        raw = config_lib.to_dict(config)
+        for k, v in point.items():
+            raw["finetune"][k] = v
+        raw["finetune"]["sweep"] = []
+        point_config = config_lib.from_dict(raw, f"sweep point {' '.join(overrides)}")
+        label = " ".join(f"{k}={v}" for k, v in point.items())
+        log(f"sweep: point {i}/{len(points)}: {label}")
+        parent = mlflow.active_run()
+        context = (mlflow.start_run(run_name=f"sweep {i}: {label}", nested=True,
+                                    experiment_id=parent.info.experiment_id,
+                                    tags={"pipeline.stage": "finetune-sweep"})
+                   if parent else contextlib.nullcontext())
+        with context as child:
+            if child is not None:
+                mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
+            result = fine_tune(point_config, log=log, write_outputs=False)
+            if child is not None:  # the kept epoch's metrics, comparable across the points
+                mlflow.log_metrics({**{f"validation_{k}": v for k, v in
+                                       _floats(result["validation"]).items()},
+                                    **{f"test_{k}": v for k, v in
+                                       _floats(result["test"]).items()}})
+        results.append({"point": point, "metric": result["metric"],
+                        "validation": _floats(result["validation"]),
+                        "test": _floats(result["test"]), "best_epoch": result["best_epoch"],
+                        "seconds": result["seconds"],
+                        "mlflow_run_id": child.info.run_id if child is not None else None})
+    metric = results[0]["metric"]
+    best = max(results, key=lambda r: r["validation"][metric])
+    summary = {"metric": f"validation_{metric}", "grid": grid, "points": results, "best": best}
+    paths = Artifacts(config.run_dir).finetune(output_name(config.finetune))
+    artifacts.write_text_atomic(paths.sweep, json.dumps(summary, indent=2, default=float))
+    log(f"sweep: best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: validation "
+        f"{metric} {best['validation'][metric]:.4f}, test {metric} {best['test'][metric]:.4f} "
+        f"({paths.sweep})")
+    if mlflow.active_run():
+        mlflow.log_metrics({f"best_validation_{metric}": best["validation"][metric],
+                            f"best_test_{metric}": best["test"][metric]})
+        mlflow.log_params({f"best.{k}": v for k, v in best["point"].items()})
+        if best["mlflow_run_id"]:
+            mlflow.set_tag("sweep.best_run_id", best["mlflow_run_id"])
+        mlflow.log_artifact(str(paths.sweep), "sweep")
+    return summary
+
+
+def _floats(d: dict) -> dict:
+    return {k: v for k, v in d.items() if isinstance(v, float)}

@@ -1,0 +1,156 @@
+"""One fine-tuning run: the steps of the finetune stage, shared with the sweep (one per point).
+
+Reads top to bottom:
+  1. the task's examples, label set and fixed seeded splits (pipeline/finetuning/data.py);
+  2. the pretrained encoder: `finetune.init_from`, else <run_dir>/pretrain/model.keras, and
+     its vocab; features made with the same in-graph tokenizer the export serves with;
+  3. inside the tf.distribute strategy: the task model (models/heads.py) on that encoder, the
+     freeze strategy, AdamW with linear warmup and decay;
+  4. `model.fit` for `epochs` (or `max_steps`), the validation metric after every epoch, the
+     best epoch's weights kept;
+  5. validation and test metrics (pipeline/finetuning/metrics.py), the baselines on the same
+     test split (majority class, bag-of-words logistic regression; per task), a
+     confusion-matrix PNG;
+  6. with `write_outputs`: <run_dir>/finetune/<name>/ written whole (model.keras, raw-text
+     SavedModel, metrics, splits, ...), logged to MLflow; the SavedModel logged as a pyfunc
+     model and registered (pipeline/finetuning/outputs.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import keras
+import mlflow
+import numpy as np
+
+from models import heads
+from pipeline import config as config_lib
+from pipeline.artifacts import Artifacts
+from pipeline.config import Config
+from pipeline.finetuning import data as fd
+from pipeline.finetuning.callbacks import EpochEvaluator, Progress
+from pipeline.finetuning.evaluation import baselines, evaluate
+from pipeline.finetuning.outputs import _report, write_and_log
+from pipeline.finetuning.task_model import (
+    FinetuneError,
+    build_optimizer,
+    build_task_model,
+    compile_task,
+    load_backbone,
+    make_split,
+    output_name,
+    resolve_init,
+    windowed,
+)
+from pipeline.text import preprocessor
+from pipeline.text import vocab as vocab_lib
+from pipeline.training.callbacks import StopAt
+
+
+def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
+    """Fine-tunes, evaluates and (if `write_outputs`) writes + logs + registers the model."""
+    from pipeline.training import strategy as strategy_lib
+
+    fc = config.finetune
+    task = fc.task
+    started = time.time()
+    for warning in config_lib.finetune_warnings(config):
+        log(f"finetune: warning: {warning}")
+    paths = Artifacts(config.run_dir).finetune(output_name(fc))
+    keras.utils.set_random_seed(fc.seed)
+
+    # 1. Data.
+    data = fd.load_task(fc)
+    counts = data.splits["counts"]
+    log(f"finetune: {task} on {fc.dataset}{' (' + fc.glue_task + ')' if fc.glue_task else ''}: "
+        f"{counts['train']:,} train / {counts['validation']:,} validation / {counts['test']:,} "
+        f"test examples" + (f", {len(data.labels)} labels" if data.labels else ""))
+
+    # 2. Encoder, vocab, features.
+    model_path, vocab_path = resolve_init(config)
+    vocab = vocab_lib.read_vocab(vocab_path)
+    lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
+    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu)
+    with strategy.scope():
+        backbone = load_backbone(model_path)
+    if backbone.vocabulary_size != len(vocab):
+        raise FinetuneError(f"the encoder in {model_path} has {backbone.vocabulary_size} token "
+                            f"embeddings but {vocab_path} has {len(vocab)} tokens; give the vocab "
+                            f"it was trained with (finetune.vocab_file)")
+    if fc.max_seq_length > backbone.max_sequence_length:
+        raise FinetuneError(f"finetune.max_seq_length = {fc.max_seq_length} exceeds the encoder's "
+                            f"{backbone.max_sequence_length} positions ({model_path}); lower it")
+    pre = preprocessor.TextPreprocessor(vocab, lowercase, fc.max_seq_length)
+    splits = {name: make_split(task, examples, pre, data.labels, fc, data.pair)
+              for name, examples in (("train", data.train), ("validation", data.validation),
+                                     *data.tests.items())}
+    if task == "classification" and windowed(fc):
+        meta = splits["train"].meta
+        log(f"finetune: long documents: {meta['n_windows'].mean():.1f} windows per training "
+            f"text on average (max_windows {fc.max_windows}, stride {fc.window_stride}); "
+            f"{meta['truncated_documents']} text(s) cut after max_windows; aggregation "
+            f"{fc.long_doc_aggregation}")
+    if task == "token_classification" and splits["train"].meta["truncated_words"]:
+        log(f"finetune: {splits['train'].meta['truncated_words']} training words beyond "
+            f"max_seq_length were cut")
+
+    # 3. Model and optimizer.
+    n_train = len(next(iter(splits["train"].x.values())))
+    steps_per_epoch = math.ceil(n_train / fc.batch_size)
+    total_steps = steps_per_epoch * fc.epochs
+    if fc.max_steps:
+        total_steps = min(total_steps, fc.max_steps)
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    with strategy.scope():
+        encoder = build_task_model(task, backbone, len(data.labels or []), fc)
+        model = (heads.BertBiEncoderTrainer(encoder, fc.similarity_scale)
+                 if task == "semantic_search" else encoder)
+        compile_task(model, task, build_optimizer(fc, total_steps))
+    trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
+    log(f"finetune: {model_path} → {type(encoder).__name__}, {encoder.count_params():,} "
+        f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
+        f"({epochs} epoch(s) of {steps_per_epoch}), batch {fc.batch_size}, lr {fc.learning_rate}")
+    if mlflow.active_run():
+        mlflow.log_params({"finetune.parameters": encoder.count_params(),
+                           "finetune.trainable_parameters": trainable,
+                           "finetune.total_steps": total_steps,
+                           "finetune.init_model": str(model_path),
+                           **{f"finetune.examples.{k}": v for k, v in counts.items()}})
+
+    # 4. Train, keeping the best epoch by the validation metric.
+    def evaluate_validation():
+        return evaluate(task, model, splits["validation"], data, fc, encoder)[0]
+
+    evaluator = EpochEvaluator(evaluate_validation, data.metric, log, to_mlflow=True)
+    train = splits["train"]
+    fit_kwargs = {"sample_weight": train.sample_weight} if train.sample_weight else {}
+    model.fit(train.x, train.y, batch_size=fc.batch_size, epochs=epochs, shuffle=True,
+              callbacks=[StopAt(total_steps), evaluator,
+                         Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size, log)],
+              verbose=0, **fit_kwargs)
+    if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
+        model.set_weights(evaluator.best_weights)
+        log(f"finetune: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
+            f"{evaluator.best:.4f})")
+    train_seconds = time.time() - started
+
+    # 5. Evaluate: validation, test(s), baselines.
+    results = {"task": task, "dataset": fc.dataset, "metric": data.metric,
+               "best_epoch": evaluator.best_epoch, "history": evaluator.history}
+    predictions = {}
+    results["validation"] = evaluator.best_result  # the kept epoch's validation metrics
+    for name in data.tests:
+        results[name], predictions[name] = evaluate(task, model, splits[name], data, fc, encoder)
+    if fc.baselines:
+        results["baselines"] = baselines(task, data, fc.seed)
+    results["seconds"] = round(time.time() - started, 1)
+    results["train_seconds"] = round(train_seconds, 1)
+    _report(results, data, log)
+
+    if write_outputs:
+        write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
+                      lowercase, log)
+        results["output_dir"] = str(paths.dir)
+    return results

@@ -1,0 +1,226 @@
+"""Exports that serve raw text: the fine-tuned models' SavedModels, and the pretrained model.
+
+`export_text_model` writes a SavedModel whose `serving_default` signature takes RAW STRINGS:
+the keras-hub WordPiece tokenizer and the `[CLS] A [SEP] (B [SEP])` packing run inside the
+graph (the `TextPreprocessor` the training features were made with), then the Keras model:
+
+    classification:   text (, text_pair) -> {"label": string (batch,), "scores": (batch, classes)}
+    regression:       text (, text_pair) -> {"score": (batch,)}
+    semantic_search:  text               -> {"embedding": (batch, hidden)}, L2-normalised
+    token_classification: text -> {"words", "labels", "scores": (batch, max_words), "word_count"}
+    question_answering:   question, context -> {"answer", "score", "null_score", "start", "end"}
+    (the last two: whitespace word split / basic tokens, windows, n-best search in the graph;
+    see pipeline/serving/word_serving.py)
+
+Load it anywhere TensorFlow and tensorflow-text are installed (`import tensorflow_text` first
+registers the tokenizer ops): `tf.saved_model.load(dir).signatures["serving_default"](text=...)`.
+`RawTextModel` (pipeline/serving/mlflow_model.py) wraps it as an MLflow pyfunc.
+
+Long documents: `export_window_model` serves the sliding-window classifier (the windows made
+in the graph, pipeline/text/windows.py). `export` writes the pretrain stage's model.keras and
+SavedModel, each beside its final path and renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd  # noqa: F401 - the pyfunc's type hints
+
+from pipeline import artifacts
+from pipeline.artifacts import Artifacts
+from pipeline.text.windows import WINDOW_FEATURES, text_windows, tf_text_windows
+
+
+def export(model, paths: Artifacts) -> None:
+    """model.keras and a SavedModel, each written beside and renamed into place."""
+    paths.pretrain_dir.mkdir(parents=True, exist_ok=True)
+    tmp = paths.pretrain_dir / f".tmp-{os.getpid()}-{paths.model_keras.name}"
+    model.save(str(tmp))
+    os.replace(tmp, paths.model_keras)
+    with artifacts.atomic_dir(paths.saved_model) as tmp_dir:
+        model.export(str(tmp_dir / "export"), format="tf_saved_model", verbose=False)
+        for item in (tmp_dir / "export").iterdir():
+            item.rename(tmp_dir / item.name)
+        (tmp_dir / "export").rmdir()
+
+
+SERVING_TASKS = ("classification", "regression", "semantic_search", "token_classification",
+                 "question_answering")
+
+
+WORD_TASKS = ("token_classification", "question_answering")  # pipeline/serving/word_serving.py
+
+
+SIGNATURE = "serving_default"
+
+
+# ---------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------
+def build_serving_module(model, preprocessor, task: str, labels=None, pair: bool = False):
+    """A tf.Module whose `serve` takes raw strings (see the module docstring)."""
+    import tensorflow as tf
+
+    class TextServing(tf.Module):
+        def __init__(self):
+            super().__init__(name="text_serving")
+            self.model = model
+            self.tokenizer = preprocessor.tokenizer  # tracked: the vocabulary table travels
+            self.packer = preprocessor.packer
+            self.labels = tf.constant(list(labels or [""]))
+
+        def _outputs(self, inputs):
+            outputs = self.model(inputs, training=False)
+            if task == "classification":
+                scores = tf.nn.softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)
+                return {"label": tf.gather(self.labels, tf.argmax(scores, axis=-1)),
+                        "scores": scores}
+            if task == "regression":
+                return {"score": tf.cast(outputs["score"], tf.float32)}
+            return {"embedding": tf.cast(outputs["embedding"], tf.float32)}
+
+    module = TextServing()
+    if pair:
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text"),
+                                      tf.TensorSpec([None], tf.string, name="text_pair")])
+        def serve(text, text_pair):
+            return module._outputs(preprocessor(text, text_pair))
+    else:
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def serve(text):
+            return module._outputs(preprocessor(text))
+    module.serve = serve
+    return module
+
+
+def export_text_model(model, preprocessor, folder, task: str, labels=None,
+                      pair: bool = False, options: dict | None = None) -> None:
+    """Writes the raw-string SavedModel to `folder` (which must not exist yet). `options`: for
+    question answering, max_query_length, doc_stride, n_best, max_answer_length, version_2 and
+    null_score_threshold (the task.json keys; a missing one takes finetune.*'s default)."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from pipeline.config import FinetuneConfig
+    from pipeline.serving import word_serving
+
+    if task not in SERVING_TASKS:
+        raise ValueError(f"no raw-text SavedModel for task {task!r}; {SERVING_TASKS} have one")
+    if task == "token_classification":
+        module = word_serving.build_token_module(model, preprocessor, labels)
+    elif task == "question_answering":
+        keys = ("max_query_length", "doc_stride", "n_best", "max_answer_length", "version_2",
+                "null_score_threshold")
+        settings = {**{k: v for k, v in dataclasses.asdict(FinetuneConfig()).items()
+                       if k in keys}, **{k: v for k, v in (options or {}).items() if k in keys}}
+        module = word_serving.build_qa_module(model, preprocessor, **settings)
+    else:
+        module = build_serving_module(model, preprocessor, task, labels, pair)
+    tf.saved_model.save(module, str(folder), signatures={SIGNATURE: module.serve})
+
+
+def load_saved_model(folder):
+    """The SavedModel's serving function (tensorflow_text registered first)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 - registers the ops the WordPiece tokenizer uses
+
+    return tf.saved_model.load(str(folder)).signatures[SIGNATURE]
+
+
+def run_saved_model(serve, texts, pairs=None, batch_size: int = 256) -> dict:
+    """Numpy outputs of the serving function on lists of strings (in batches)."""
+    import tensorflow as tf
+
+    parts = []
+    for start in range(0, len(texts), batch_size):
+        kwargs = {"text": tf.constant(list(texts[start:start + batch_size]))}
+        if pairs is not None:
+            kwargs["text_pair"] = tf.constant(list(pairs[start:start + batch_size]))
+        parts.append({k: v.numpy() for k, v in serve(**kwargs).items()})
+    if not parts:
+        return {}
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if "label" in out:
+        out["label"] = np.array([x.decode("utf-8") for x in out["label"]], dtype=object)
+    return out
+
+
+def run_token_model(serve, texts, batch_size: int = 256) -> list[dict]:
+    """Token classification SavedModel on raw texts: per text {"words", "labels", "scores"}
+    (lists, one entry per whitespace-separated word)."""
+    import tensorflow as tf
+
+    rows = []
+    for start in range(0, len(texts), batch_size):
+        out = {k: v.numpy() for k, v in
+               serve(text=tf.constant(list(texts[start:start + batch_size]))).items()}
+        for i, n in enumerate(out["word_count"]):
+            rows.append({"words": [w.decode("utf-8") for w in out["words"][i, :n]],
+                         "labels": [t.decode("utf-8") for t in out["labels"][i, :n]],
+                         "scores": [float(x) for x in out["scores"][i, :n]]})
+    return rows
+
+
+def run_qa_model(serve, questions, contexts, batch_size: int = 64) -> list[dict]:
+    """QA SavedModel on raw (question, context) strings: per question {"answer", "score",
+    "null_score", "start", "end"} (character offsets into the context; -1 for no answer)."""
+    import tensorflow as tf
+
+    if len(questions) != len(contexts):
+        raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
+    rows = []
+    for start in range(0, len(questions), batch_size):
+        out = {k: v.numpy() for k, v in
+               serve(question=tf.constant(list(questions[start:start + batch_size])),
+                     context=tf.constant(list(contexts[start:start + batch_size]))).items()}
+        for i in range(len(out["answer"])):
+            rows.append({"answer": out["answer"][i].decode("utf-8"),
+                         "score": float(out["score"][i]),
+                         "null_score": float(out["null_score"][i]),
+                         "start": int(out["start"][i]), "end": int(out["end"][i])})
+    return rows
+
+
+def export_window_model(model, pre, folder, labels, stride: int, max_windows: int) -> None:
+    """The raw-text SavedModel of a windowed classifier: text -> {"label", "scores"}, as
+    `export_text_model` writes for classification, windows made in the graph."""
+    import tensorflow as tf
+
+    if not 1 <= stride <= pre.seq_length - 2:
+        raise ValueError(f"window stride {stride}: must be 1..{pre.seq_length - 2} (a window)")
+
+    class WindowServing(tf.Module):
+        def __init__(self):
+            super().__init__(name="window_serving")
+            self.model = model
+            self.tokenizer = pre.tokenizer  # tracked: the vocabulary table travels
+            self.labels = tf.constant(list(labels))
+
+    module = WindowServing()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def serve(text):
+        outputs = module.model(tf_text_windows(pre, text, stride, max_windows), training=False)
+        scores = tf.nn.softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)
+        return {"label": tf.gather(module.labels, tf.argmax(scores, axis=-1)), "scores": scores}
+
+    module.serve = serve
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": serve})
+
+
+def check_window_export(folder, model, pre, texts: list[str], stride: int,
+                        max_windows: int) -> float:
+    """Max |exported − in-memory| class probability on `texts` (raw strings into the SavedModel
+    vs. `text_windows` + the Keras model)."""
+    from pipeline.serving import export
+
+    exported = export.run_saved_model(export.load_saved_model(folder), list(texts))
+    f = text_windows(texts, pre, stride, max_windows)
+    logits = np.asarray(model.predict({k: f[k] for k in WINDOW_FEATURES}, verbose=0)["logits"],
+                        np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return float(np.abs(probs - exported["scores"]).max())

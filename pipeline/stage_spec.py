@@ -1,0 +1,82 @@
+"""What a stage is, in one place: the table the CLI, lineage (caching) and artifacts read.
+
+    >>> STAGES["data"].upstream
+    ('corpus', 'vocab')
+    >>> [s.name for s in STAGES.values() if s.in_all]
+    ['corpus', 'vocab', 'data', 'pretrain']
+
+A stage is a module `pipeline.stages.<name>` with `run(config, log) -> dict`; it only
+orchestrates (reads top to bottom, calls the libraries in pipeline/training, finetuning,
+serving, text, tracking) and imports no other stage (checked by import-linter, see
+pyproject.toml). Its code hash covers every project module it imports, found from its real
+imports (pipeline/tracking/lineage.py `code_files`), so no list here names source files.
+
+This module imports nothing from the project, so anything may read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    name: str
+    # The MLflow note of the stage's run.
+    description: str
+    # Config sections or keys its output depends on (its config hash); "vocab.lowercase"
+    # is one key, "data" a whole section.
+    config: tuple[str, ...]
+    # Stages whose outputs it reads (their MLflow runs are recorded as its lineage).
+    upstream: tuple[str, ...]
+    # The `Artifacts` attribute of its output folder; its marker file is written there.
+    output: str
+    # Part of `python -m pipeline all` (else run by name only).
+    in_all: bool = False
+    # Reused when its key is unchanged (False: it always runs; fine-tuning takes any model and
+    # any labelled set, so its inputs are not fingerprinted).
+    cached: bool = True
+    # "module:function" naming the MLflow run an interrupted run continues ("" if none).
+    resumable: str = ""
+    # Its marker's file name inside `output` (the sweep shares finetune/ and keeps its own).
+    marker: str = ".stage.json"
+
+    @property
+    def module(self) -> str:
+        return f"pipeline.stages.{self.name}"
+
+
+_SPECS = (
+    StageSpec("corpus", "Prepared the corpus: Google format, held-out documents split off.",
+              config=("corpus",), upstream=(), output="corpus_dir", in_all=True),
+    # corpus.source/path: which corpus, not its contents (a vocabulary stays fixed when new text
+    # arrives, so models keep their ids); see pipeline/tracking/lineage.py.
+    StageSpec("vocab", "Trained the WordPiece vocabulary (Beam word count + WordPiece learner).",
+              config=("vocab", "corpus.source", "corpus.path"), upstream=("corpus",),
+              output="vocab_dir", in_all=True),
+    StageSpec("data", "Beam job: documents → NSP pairs → masked instances → TFRecords.",
+              config=("data", "vocab.lowercase"), upstream=("corpus", "vocab"),
+              output="data_dir", in_all=True),
+    StageSpec("pretrain", "Pretrained BERT (MLM + NSP), evaluated on held-out data, exported.",
+              config=("model", "train", "data.max_seq_length", "data.max_predictions_per_seq",
+                      "data.phases"),
+              upstream=("data",), output="pretrain_dir", in_all=True,
+              resumable="pipeline.training.phases:resumable_run_id"),
+    StageSpec("finetune", "Fine-tuned the pretrained encoder on a labelled task, evaluated, "
+                          "exported.",
+              config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False),
+    StageSpec("sweep", "Fine-tuning hyperparameter grid (finetune.sweep): one nested run per "
+                       "point, the best by the validation metric.",
+              config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False,
+              marker=".sweep.stage.json"),
+    StageSpec("multitask", "Multi-task fine-tuning: one encoder, a head per task, batches mixed "
+                           "by ratio; compared with single-task runs (nested).",
+              config=("finetune", "multitask"), upstream=("pretrain",), output="multitask_root",
+              cached=False),
+    StageSpec("distill", "Distilled a fine-tuned classifier into a smaller student (soft "
+                         "targets); student vs teacher metric, size and speed.",
+              config=("distill",), upstream=("finetune",), output="distill_root", cached=False),
+)
+
+# Every stage by name, in pipeline order (the order the CLI runs them in).
+STAGES: dict[str, StageSpec] = {spec.name: spec for spec in _SPECS}

@@ -1,0 +1,1 @@
+"""Text: corpora, vocab files, tokenizers and preprocessors, sliding windows."""

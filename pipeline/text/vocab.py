@@ -1,0 +1,45 @@
+"""Reading a WordPiece vocab.txt, and the error every text input raises.
+
+`read_vocab` splits lines as keras-hub's WordPieceTokenizer does, so ids agree with the
+data stage's and the in-graph tokenizer's; `vocab_lowercase` reads the casing the vocab
+stage recorded in vocab.json beside it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+
+
+class TextError(ValueError):
+    """A vocab or text input that cannot be used; the message names it and how to fix it.
+
+    The fine-tuning data errors and the inspection tools' errors are kinds of it.
+    """
+
+
+def read_vocab(vocab_file) -> list[str]:
+    """vocab.txt → tokens in id order (lines split as keras-hub's WordPieceTokenizer does)."""
+    path = Path(vocab_file)
+    if not path.is_file():
+        raise TextError(f"vocab file {path} not found; run `make vocab` (or set "
+                        f"finetune.vocab_file)")
+    vocab = [line.rstrip() for line in io.StringIO(path.read_text(encoding="utf-8"), newline=None)]
+    missing = [t for t in REQUIRED_TOKENS if t not in vocab]
+    if missing:
+        raise TextError(f"vocab file {path} lacks {', '.join(missing)}")
+    return vocab
+
+
+def vocab_lowercase(vocab_file, default: bool) -> bool:
+    """Whether the vocab is uncased, from the vocab stage's vocab.json beside it if present."""
+    meta = Path(vocab_file).with_name("vocab.json")
+    if meta.is_file():
+        try:
+            return bool(json.loads(meta.read_text())["lowercase"])
+        except (KeyError, ValueError):
+            pass
+    return default

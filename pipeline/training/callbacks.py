@@ -1,0 +1,158 @@
+"""Keras callbacks of the training loops: per-step logs and MLflow metrics (`StepLogger`),
+the non-finite guard, the checkpoint writer, and `StopAt` (stop after N optimizer updates,
+used by pretraining and fine-tuning alike).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import keras
+import mlflow
+import numpy as np
+
+from pipeline import artifacts
+from pipeline.training.checkpoints import CHECKPOINT_RE, global_step
+
+
+# ---------------------------------------------------------------------------
+# Callbacks.
+# ---------------------------------------------------------------------------
+def scalar_logs(logs) -> dict:
+    """The single-number entries of Keras logs as floats (size-1 arrays included)."""
+    out = {}
+    for key, value in (logs or {}).items():
+        value = np.asarray(value)
+        if value.size == 1:
+            out[key] = float(value.reshape(-1)[0])
+    return out
+
+
+class NonFiniteGuard(keras.callbacks.Callback):
+    """Stops training at the first non-finite loss (or, unless float16 loss scaling is on,
+    gradient norm); the Checkpointer then writes nothing, so the last good checkpoint stays
+    the newest."""
+
+    def __init__(self, check_grad_norm: bool = True):
+        super().__init__()
+        self.check_grad_norm = check_grad_norm
+        self.bad_step, self.what = None, ""
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = scalar_logs(logs)
+        checks = [("loss", logs.get("loss"))]
+        if self.check_grad_norm:
+            checks.append(("gradient norm", logs.get("grad_norm")))
+        for what, value in checks:
+            if value is not None and not math.isfinite(value):
+                self.bad_step, self.what = global_step(self.model), f"the {what} became {value}"
+                self.model.stop_training = True
+                return
+
+
+class StepLogger(keras.callbacks.Callback):
+    """Every `every` optimizer updates: losses, accuracies, learning rate, gradient norm,
+    examples/s, tokens/s and model FLOP utilisation to MLflow and the log.
+
+    `examples_per_update` = global batch × accumulation steps. `mfu` = model FLOPs per second
+    (`flops_per_token` × tokens/s, see models/flops.py) over `peak_flops` (omitted if 0).
+    `loss`, `mlm_loss`, ... are Keras' running means since the start of the current chunk.
+    """
+
+    def __init__(self, every: int, total_steps: int, batch_size: int, seq_length: int,
+                 log=print, to_mlflow: bool = True, examples_per_update: int | None = None,
+                 flops_per_token: float = 0.0, peak_flops: float = 0.0):
+        super().__init__()
+        self.every, self.total, self.batch_size, self.seq_length = every, total_steps, batch_size, seq_length
+        self.examples_per_update = examples_per_update or batch_size
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.log, self.to_mlflow = log, to_mlflow
+        self.last_time, self.last_step = None, None
+        self.history = []
+
+    def on_train_begin(self, logs=None):
+        self.last_time, self.last_step = time.time(), global_step(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = global_step(self.model)
+        if step == self.last_step or (step % self.every and step < self.total):
+            return  # a micro-batch inside an update, or not a logging step
+        now = time.time()
+        elapsed = max(now - self.last_time, 1e-9)
+        steps = step - self.last_step
+        metrics = scalar_logs(logs)
+        metrics["learning_rate"] = float(keras.ops.convert_to_numpy(
+            self.model.optimizer.learning_rate))
+        metrics["examples_per_second"] = steps * self.examples_per_update / elapsed
+        metrics["tokens_per_second"] = metrics["examples_per_second"] * self.seq_length
+        if self.flops_per_token and self.peak_flops:
+            metrics["mfu"] = (metrics["tokens_per_second"] * self.flops_per_token
+                              / self.peak_flops)
+        self.last_time, self.last_step = now, step
+        self.history.append((step, metrics))
+        if self.to_mlflow and mlflow.active_run():
+            mlflow.log_metrics(metrics, step=step)
+        mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
+        self.log(f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
+                 f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  "
+                 f"nsp_acc {metrics.get('nsp_accuracy', float('nan')):.3f}  "
+                 f"lr {metrics['learning_rate']:.2e}  "
+                 f"gnorm {metrics.get('grad_norm', float('nan')):.3g}  "
+                 f"{metrics['tokens_per_second']:,.0f} tok/s{mfu}")
+
+
+class StopAt(keras.callbacks.Callback):
+    def __init__(self, total_steps: int):
+        super().__init__()
+        self.total = total_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if global_step(self.model) >= self.total:
+            self.model.stop_training = True
+
+
+class Checkpointer(keras.callbacks.Callback):
+    """Writes weights + optimizer state at the end of every chunk; keeps the newest `keep`.
+
+    Only the chief writes (Keras' .weights.h5 reads each worker's local copy of the
+    variables, no collective ops, so the other workers need not save anywhere). Nothing
+    is written once `guard` has seen a non-finite loss.
+    """
+
+    def __init__(self, checkpoint_dir: Path, keep: int, config_yaml: str, write: bool,
+                 guard: NonFiniteGuard | None = None):
+        super().__init__()
+        self.dir, self.keep, self.config_yaml, self.write = Path(checkpoint_dir), keep, config_yaml, write
+        self.guard = guard
+
+    def save(self):
+        if self.guard is not None and self.guard.bad_step is not None:
+            return
+        step = global_step(self.model)
+        if not self.write or (self.dir / f"ckpt-{step:08d}.weights.h5").exists():
+            return
+        if self.guard is not None and not all(
+                np.isfinite(keras.ops.convert_to_numpy(w)).all() for w in self.model.weights):
+            self.guard.bad_step, self.guard.what = step, "a weight became inf or NaN"
+            self.model.stop_training = True
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".tmp-{os.getpid()}.weights.h5"
+        self.model.save_weights(str(tmp))
+        os.replace(tmp, self.dir / f"ckpt-{step:08d}.weights.h5")
+        artifacts.write_text_atomic(self.dir / "config.yaml", self.config_yaml)
+        artifacts.write_text_atomic(self.dir / "latest.json", json.dumps({"step": step}))
+        old = sorted(p for p in self.dir.glob("ckpt-*.weights.h5") if CHECKPOINT_RE.search(p.name))
+        for path in old[:-self.keep]:
+            path.unlink()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.save()
+
+    def on_train_end(self, logs=None):
+        self.save()
+

@@ -1,0 +1,153 @@
+"""One pretraining phase, from its data to its held-out evaluation: build (or resume) the
+model inside the strategy, `model.fit` in checkpoint-sized chunks with the logging, guard and
+checkpoint callbacks, then evaluate.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import mlflow
+import tensorflow as tf
+
+from pipeline import artifacts
+from pipeline.artifacts import Artifacts
+from pipeline.tracking import runs as tracking
+from pipeline.training import inputs
+from pipeline.training import strategy as strategy_lib
+from pipeline.training.callbacks import (
+    Checkpointer,
+    NonFiniteGuard,
+    StepLogger,
+    StopAt,
+    scalar_logs,
+)
+from pipeline.training.checkpoints import (
+    global_step,
+    latest_checkpoint,
+    start_from_previous_phase,
+    weights_digest,
+)
+from pipeline.training.phases import Phase
+from pipeline.training.pretrainer import (
+    PretrainError,
+    PretrainingStep,
+    build_model,
+    build_optimizer,
+    compile_model,
+    flops_per_token,
+    init_from_checkpoint,
+    normalize_mlm_weights,
+    oom_message,
+)
+from pipeline.training.records import masking_args, training_data
+
+
+def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, peak: float,
+                chief: bool, config_yaml: str, found, previous, log=print) -> dict:
+    """Trains one phase to its train.steps (resuming from `found`, its latest checkpoint;
+    else starting from `previous`, the previous phase's model or checkpoint; else from
+    model.init_from or random weights), then evaluates it on its held-out records."""
+    config, prefix = phase.config, phase.prefix
+    tc, dc = config.train, config.data
+    train_data = training_data(config, paths, found[0] if found else 0, log=log,
+                               data_dir=phase.data_dir, prefix=prefix)
+    eval_data = inputs.pretraining_dataset(
+        paths.shard_pattern("eval", phase.data_dir), tc.batch_size, dc.max_seq_length,
+        dc.max_predictions_per_seq, training=False,
+        **masking_args(config, paths)).map(normalize_mlm_weights).with_options(
+            strategy_lib.shard_options("data"))
+
+    with strategy.scope():
+        model = build_model(config, vocabulary_size)
+        optimizer = build_optimizer(tc)
+        compile_model(model, optimizer, tc.jit_compile)
+        optimizer.build(model.trainable_variables)
+        PretrainingStep.prebuild(model, train_data.element_spec)
+        if found:
+            model.load_weights(str(found[1]))
+            log(f"{prefix}: resuming from {found[1].name} (step {global_step(model)})")
+        elif previous is not None:
+            start_from_previous_phase(model, previous, log, prefix)
+        elif config.model.init_from:
+            init_from_checkpoint(model, config, paths.vocab_file, log=log)
+    start_step = global_step(model)
+    params = model.count_params()
+    per_token = flops_per_token(config, vocabulary_size)
+    log(f"{prefix}: {config.model.preset} BERT, {params:,} parameters, "
+        f"{strategy.num_replicas_in_sync} replica(s) under {type(strategy).__name__} "
+        f"({strategy_lib.worker_name()}), batch {tc.batch_size}"
+        + (f" × {tc.grad_accum_steps} accumulated" if tc.grad_accum_steps > 1 else "")
+        + f", {tc.precision}, XLA {'on' if model.jit_compile else 'off'}, "
+        f"{per_token / 1e6:,.1f} MFLOP per token")
+    if chief and mlflow.active_run():
+        # tracking.log_params: a resumed run keeps its params (a change is recorded as a tag).
+        tracking.log_params({"model.parameters": params,
+                             "train.replicas": strategy.num_replicas_in_sync,
+                             "train.effective_batch": tc.batch_size * tc.grad_accum_steps,
+                             "train.flops_per_token": per_token, "train.peak_flops": peak})
+        mlflow.set_tag("train.resumed_from_step", str(start_step))
+        if start_step:
+            mlflow.log_metric("resumed_from_step", start_step, step=start_step)
+        tracking.log_parameter_breakdown(model)  # params/params.{json,txt}, params_* metrics
+
+    logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length, log=log,
+                        to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
+                        flops_per_token=per_token, peak_flops=peak)
+    guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
+    if start_step < tc.steps:
+        if chief:
+            artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
+        chunk = tc.checkpoint_every
+        try:
+            model.fit(
+                train_data,
+                steps_per_epoch=chunk * tc.grad_accum_steps,  # micro-batches per chunk
+                initial_epoch=start_step // chunk,
+                epochs=math.ceil(tc.steps / chunk),
+                callbacks=[logger, guard, StopAt(tc.steps),
+                           Checkpointer(phase.checkpoint_dir, tc.keep_checkpoints, config_yaml,
+                                        chief, guard)],
+                shuffle=False,  # tf.data shuffles
+                verbose=0,
+            )
+        except tf.errors.ResourceExhaustedError as err:
+            raise PretrainError(oom_message(config, strategy)) from err
+        if guard.bad_step is not None:
+            last = latest_checkpoint(phase.checkpoint_dir)
+            kept = (f"the last good checkpoint {last[1].name} (step {last[0]}) is kept and a "
+                    f"re-run resumes from it" if last else "no checkpoint was written")
+            key = f"train.phases[{phase.index - 1}]." if phase.index else "train."
+            raise PretrainError(
+                f"{'' if not phase.index else phase.name + ': '}"
+                f"training stopped at step {guard.bad_step}: {guard.what} (not finite); {kept}. "
+                f"Lower {key}learning_rate (now {tc.learning_rate:g}) or lengthen "
+                f"{key}warmup_steps (now {tc.warmup_steps}), clip harder with train.clipnorm "
+                f"(now {tc.clipnorm:g}; 1.0 is BERT's), or change train.precision (now "
+                f"{tc.precision}; mixed_float16 overflows most easily, float32 least)")
+    else:
+        log(f"{prefix}: already trained to step {start_step} (train.steps = {tc.steps}); "
+            f"evaluating and exporting")
+
+    # Held-out evaluation.
+    with warnings.catch_warnings():  # a finite held-out set ends with an "out of data" warning
+        warnings.filterwarnings("ignore", message=".*ran out of data")
+        try:
+            results = model.evaluate(eval_data, steps=tc.eval_batches or None, return_dict=True,
+                                     verbose=0)
+        except tf.errors.ResourceExhaustedError as err:
+            raise PretrainError(oom_message(config, strategy)) from err
+    results = {f"eval_{k}": v for k, v in scalar_logs(results).items()}
+    results["step"] = global_step(model)
+    log(f"{prefix}: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "
+        f"NSP accuracy {results.get('eval_nsp_accuracy', float('nan')):.4f}, "
+        f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
+    digest = weights_digest(model)
+    log(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
+    if chief and phase.index and mlflow.active_run():
+        mlflow.set_tag("pretrain.weights_sha256", digest)
+        mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
+                           step=results["step"])
+    return {"model": model, "parameters": params, "start_step": start_step,
+            "weights_sha256": digest, "history": logger.history, "results": results}

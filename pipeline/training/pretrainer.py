@@ -1,0 +1,324 @@
+"""The pretraining task: the BERT pretrainer built from the config, its optimizer, the
+compiled train step (gradient accumulation, clipping, grad-norm logging) and its cost.
+
+    build_model        models.BertPretrainer (MLM head tied to the embeddings + NSP/SOP) in
+                       train.precision, from model.* (or a converted checkpoint: init_from_checkpoint)
+    build_optimizer    AdamW or LAMB with warmup + linear/polynomial decay (models/)
+    compile_model      MLM (weighted) + NSP losses, metrics, `PretrainingStep`, XLA per
+                       `resolve_jit_compile`
+    flops_per_token    the model FLOPs of one training token (for MFU)
+
+`PretrainError` is the stage's user error: the message says which key to change.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
+
+import models
+from models.flops import training_flops_per_token
+from models.optimizers import Lamb
+from models.schedules import WarmupPolynomialDecay
+from pipeline import config as config_lib
+from pipeline.config import Config
+
+
+class PretrainError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Building blocks (also used by tests, benchmarks and the other stages).
+# ---------------------------------------------------------------------------
+def build_model(config: Config, vocabulary_size: int) -> models.BertPretrainer:
+    """The pretrainer of `config.model`, computing in `config.train.precision`."""
+    arch = config_lib.model_architecture(config)
+    precision = config.train.precision
+    backbone = models.BertEncoder(
+        vocabulary_size=vocabulary_size,
+        num_layers=arch["num_layers"],
+        num_heads=arch["num_heads"],
+        hidden_dim=arch["hidden_dim"],
+        intermediate_dim=arch["intermediate_dim"],
+        dropout=config.model.dropout,
+        max_sequence_length=config.model.max_sequence_length,
+        num_segments=config.model.num_segments,
+        activation=config.model.activation,
+        layer_norm_epsilon=config.model.layer_norm_epsilon,
+        embedding_dim=config.model.embedding_size,  # ALBERT options (default: BERT)
+        share_layers=config.model.share_layers,
+        dtype=None if precision == "float32" else precision,
+    )
+    return models.BertPretrainer(backbone)
+
+
+def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
+    """AdamW or LAMB on BERT's schedule; accumulation, clipping and loss scaling from `tc`.
+
+    The schedule counts optimizer updates (`micro_steps_per_update` undoes Keras' counting
+    of micro-batches under gradient accumulation). Clipping is by the global norm of the
+    averaged gradient of one update: over all replicas (see `PretrainingStep`) and all
+    accumulated micro-batches (Keras clips after accumulating).
+    """
+    accum = tc.grad_accum_steps
+    schedule = WarmupPolynomialDecay(tc.learning_rate, tc.warmup_steps, tc.steps,
+                                     end_learning_rate=tc.end_learning_rate,
+                                     power=tc.decay_power, micro_steps_per_update=accum)
+    kwargs = dict(learning_rate=schedule, weight_decay=tc.weight_decay, beta_1=tc.beta_1,
+                  beta_2=tc.beta_2, epsilon=tc.epsilon, global_clipnorm=tc.clipnorm or None,
+                  gradient_accumulation_steps=accum if accum > 1 else None)
+    optimizer = Lamb(**kwargs) if tc.optimizer == "lamb" else keras.optimizers.AdamW(**kwargs)
+    # BERT does not decay LayerNorm parameters or biases (LAMB: nor adapt their step).
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    if tc.precision == "mixed_float16":
+        # float16 gradients under/overflow without it; steps with inf/NaN gradients are
+        # skipped and the scale lowered.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def resolve_jit_compile(setting: str, strategy) -> bool | str:
+    """`train.jit_compile` for this strategy: "true" / "false" as said; "auto" is XLA on for
+    a single replica (one CPU or one GPU) and Keras' own choice ("auto") otherwise.
+
+    Keras' "auto" turns XLA off on every CPU-only machine and under any tf.distribute
+    strategy, one-device included, but the XLA-compiled BERT step is the faster one on CPU
+    too (BERT-small, seq 128, batch 32 on 2 cores: about 20% more tokens/s,
+    `bench/bench_train.py --jit true` vs `--jit false`) and on one GPU. Several replicas and
+    TPUs keep Keras' choice: TPUs compile anyway, and Keras does not XLA-compile a step that
+    all-reduces across replicas. Also off when op determinism is enabled (not every op
+    has a deterministic XLA kernel; Keras does the same).
+    """
+    if setting != "auto":
+        return {"true": True, "false": False}[str(setting)]
+    if tf_config.is_op_determinism_enabled():
+        return False
+    if strategy.num_replicas_in_sync == 1 and not isinstance(
+            strategy, (tf.distribute.TPUStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+        return True
+    return "auto"
+
+
+def compile_model(model, optimizer, jit_compile: str = "auto"):
+    """MLM + NSP losses, weighted accuracies, our train step (`PretrainingStep`).
+
+    The MLM loss is the weighted mean over the real predictions of the whole global batch,
+    on any number of replicas: the input batches carry weights already divided by their
+    global sum (`normalize_mlm_weights`), and the loss sums loss × weight over the
+    replica's slots / their count. (models.pretraining's own MLM loss divides by each
+    replica's sum of weights instead, which is the same on one device only.)
+    """
+    losses = {models.pretraining.MLM_OUTPUT: keras.losses.SparseCategoricalCrossentropy(
+                  from_logits=True, reduction="sum_over_batch_size", name="mlm_loss"),
+              models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
+    model.compile(optimizer=optimizer, loss=losses,
+                  weighted_metrics=models.pretraining.pretraining_metrics(),
+                  jit_compile=resolve_jit_compile(jit_compile, tf.distribute.get_strategy()))
+    PretrainingStep.install(model)
+
+
+def normalize_mlm_weights(x, y, sample_weight):
+    """A global batch's MLM weights × (slots / sum of weights), before it is split.
+
+    With the "sum_over_batch_size" MLM loss of `compile_model`, each of n replicas then
+    computes n × (its sum of loss × weight) / (the global sum of weights), Keras divides by
+    n, and the replicas' gradients add up to those of the global weighted mean.
+    """
+    weights = sample_weight[models.pretraining.MLM_OUTPUT]
+    scale = tf.cast(tf.size(weights), weights.dtype) / tf.maximum(tf.reduce_sum(weights), 1e-6)
+    return x, y, {**sample_weight, models.pretraining.MLM_OUTPUT: weights * scale}
+
+
+class PretrainingStep:
+    """The train step `model.fit` runs (installed on the model instance, not its class).
+
+    Keras' own step, except for what happens to the gradients between the backward pass and
+    the optimizer: they are densified (the position/segment embeddings give IndexedSlices),
+    summed over the replicas HERE (each replica's loss is already divided by the replica
+    count, so the sum is the global batch's gradient), and only then handed to the optimizer,
+    whose own all-reduce is turned off. Keras would otherwise clip each replica's local
+    gradient before its all-reduce, which is not clipping by the global norm. It also adds
+    `grad_norm` to the logs: the global norm of the gradient the next update uses
+    (unscaled, averaged over the accumulated micro-batches; before clipping).
+    """
+
+    @staticmethod
+    def install(model):
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+            raise PretrainError(
+                f"this Keras ({keras.__version__}) has no Optimizer._all_reduce_sum_gradients; "
+                f"pipeline/training/pretrainer.py PretrainingStep needs updating")
+        # The gradients arrive summed over replicas already (see the class docstring).
+        optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+        model.train_step = types.MethodType(PretrainingStep.train_step, model)
+        model.test_step = types.MethodType(PretrainingStep.test_step, model)
+
+    @staticmethod
+    def prebuild(model, element_spec):
+        """Builds the model, losses and metrics from the dataset's element spec, up front.
+
+        Under a strategy Keras' fit/evaluate otherwise pull a first batch and
+        `strategy.reduce` it to build them, which fails for dict batches under
+        MultiWorkerMirroredStrategy (Keras 3.15); with everything built there is nothing
+        left for that step to do, so it is skipped.
+        """
+        with model.distribute_strategy.scope():
+            model._symbolic_build(data_batch=element_spec)
+        model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+    @staticmethod
+    def train_step(model, data):
+        from keras.src.losses import loss as loss_module
+        from keras.src.trainers.data_adapters import data_adapter_utils
+
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                       training=True)
+            batch = tf.shape(x["token_ids"])[0]
+            model._loss_tracker.update_state(loss_module.unscale_loss_for_distribution(loss),
+                                             sample_weight=batch)
+            scaled_loss = model.optimizer.scale_loss(loss)
+        variables = model.trainable_weights
+        grads = tape.gradient(scaled_loss, variables)
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+            for i, g in zip(present, reduced):
+                grads[i] = g
+        grad_norm = PretrainingStep.update_norm(model.optimizer, grads, variables)
+        model.optimizer.apply(grads, variables)
+        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        logs["grad_norm"] = grad_norm
+        return PretrainingStep.reducible(model, logs)
+
+    @staticmethod
+    def test_step(model, data):
+        return PretrainingStep.reducible(model, type(model).test_step(model, data))
+
+    @staticmethod
+    def reducible(model, logs):
+        """Under a multi-worker cluster, every log value as shape (1,).
+
+        Keras 3.15 reduces a step's outputs over the workers with
+        `strategy.reduce(MEAN, value, axis=0)`, which fails for the scalars every metric
+        returns; with a leading axis of 1 it is the mean over the workers.
+        """
+        strategy = model.distribute_strategy
+        if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                and strategy.extended._in_multi_worker_mode()):
+            return logs
+        return {k: tf.reshape(v, [1]) for k, v in logs.items()}
+
+    @staticmethod
+    def update_norm(optimizer, grads, variables):
+        """Global norm of the (unscaled, accumulated) gradient the optimizer is about to see."""
+        scale = None
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            scale = optimizer.dynamic_scale
+            optimizer = optimizer.inner_optimizer
+        elif optimizer.loss_scale_factor:
+            scale = optimizer.loss_scale_factor
+        accum = optimizer.gradient_accumulation_steps
+        squares = []
+        for g, v in zip(grads, variables):
+            if g is None:
+                continue
+            g = tf.cast(g, tf.float32)
+            if scale is not None:
+                g = g / tf.cast(scale, tf.float32)
+            if accum:
+                stored = optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
+                g = (g + tf.cast(stored, tf.float32)) / accum
+            squares.append(tf.reduce_sum(tf.square(g)))
+        return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+
+
+def flops_per_token(config: Config, vocabulary_size: int) -> float:
+    arch = config_lib.model_architecture(config)
+    return training_flops_per_token(
+        num_layers=arch["num_layers"], hidden_dim=arch["hidden_dim"],
+        intermediate_dim=arch["intermediate_dim"], vocabulary_size=vocabulary_size,
+        seq_length=config.data.max_seq_length, num_predictions=config.data.max_predictions_per_seq,
+        embedding_dim=config.model.embedding_size)
+
+
+def oom_message(config: Config, strategy) -> str:
+    tc, dc = config.train, config.data
+    replicas = strategy.num_replicas_in_sync
+    half = max(1, tc.batch_size // 2)
+    lines = [f"out of memory training {config.model.preset} BERT with train.batch_size = "
+             f"{tc.batch_size} ({tc.batch_size // replicas} per replica), data.max_seq_length = "
+             f"{dc.max_seq_length}, train.precision = {tc.precision}. Turn one of these knobs:",
+             f"  - train.batch_size={half} train.grad_accum_steps={tc.grad_accum_steps * 2} "
+             f"(same effective batch of {tc.batch_size * tc.grad_accum_steps}, half the memory "
+             f"for activations)"]
+    if tc.precision == "float32":
+        lines.append("  - train.precision=mixed_bfloat16 (or mixed_float16 on GPUs older than "
+                     "Ampere): activations take half the memory")
+    lines.append(f"  - a shorter data.max_seq_length (now {dc.max_seq_length}; attention memory "
+                 f"grows with its square), which means re-running `make data`")
+    lines.append("  - more replicas (train.strategy=mirrored or multi_worker) to split the batch")
+    return "\n".join(lines)
+
+
+# What the config calls each architecture field, for the init_from messages.
+CONFIG_KEY_OF = {
+    "vocabulary_size": "the run's vocab size", "num_layers": "model.num_layers",
+    "hidden_dim": "model.hidden_dim", "num_heads": "model.num_heads",
+    "intermediate_dim": "model.intermediate_dim",
+    "max_sequence_length": "model.max_sequence_length", "num_segments": "model.num_segments",
+    "activation": "model.activation", "layer_norm_epsilon": "model.layer_norm_epsilon",
+    "embedding_dim": "model.embedding_size", "share_layers": "model.share_layers",
+}
+
+
+def init_from_checkpoint(model, config: Config, vocab_file: Path, log=print) -> None:
+    """Copies the weights of `config.model.init_from` into `model` (built from the config).
+
+    The checkpoint (a .keras file, a Hugging Face or a Google directory; see
+    models.convert) must have the architecture this config builds and the run's
+    vocab: a different vocabulary size, size, activation, epsilon, position or
+    segment count, or a vocab.txt with other tokens, raises PretrainError naming
+    both values.
+    """
+    from models import convert
+
+    source = config.model.init_from
+    try:
+        imported = convert.load_pretrainer(source)
+    except (convert.ConversionError, OSError) as err:
+        raise PretrainError(f"model.init_from = {source}: {err}") from err
+    ours, theirs = convert.architecture_of(model), imported.architecture
+    if ours["vocabulary_size"] != theirs["vocabulary_size"]:
+        raise PretrainError(
+            f"model.init_from = {source} has a vocabulary of {theirs['vocabulary_size']} tokens "
+            f"but the run's vocab {vocab_file} has {ours['vocabulary_size']}; tokenize the data "
+            f"with the checkpoint's own vocab.txt (and its casing)")
+    mismatches = convert.architecture_mismatches(ours, theirs)
+    if mismatches:
+        details = "; ".join(f"{CONFIG_KEY_OF[key]}: config {a!r}, checkpoint {b!r}"
+                            for key, a, b in mismatches)
+        fix = " ".join(f"{CONFIG_KEY_OF[key]}={b}" for key, _, b in mismatches)
+        raise PretrainError(
+            f"model.init_from = {source} does not match the model this config builds ({details}); "
+            f"set {fix} or start from another checkpoint")
+    if imported.vocab:
+        run_vocab = convert.read_vocab(vocab_file)
+        for i, (a, b) in enumerate(zip(run_vocab, imported.vocab)):
+            if a != b:
+                raise PretrainError(
+                    f"model.init_from = {source}: its vocab differs from the run's vocab "
+                    f"{vocab_file} (id {i}: {b!r} in the checkpoint, {a!r} in the run); the data "
+                    f"must be tokenized with the checkpoint's vocab.txt")
+    convert.assign_weights(model, convert.keras_weights(imported.model), source=source)
+    log(f"pretrain: initialised from {source} ({len(model.weights)} variables)")

@@ -1,0 +1,102 @@
+"""The pretraining records as training input: checks that the TFRecords fit the config, and
+the tf.data pipelines positioned for a (resumed) run, with dynamic masking when the records
+are unmasked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tensorflow as tf
+import yaml
+
+from beam_jobs import vocab as vocab_job
+from pipeline import artifacts
+from pipeline import config as config_lib
+from pipeline.artifacts import Artifacts
+from pipeline.config import Config
+from pipeline.training import inputs
+from pipeline.training import strategy as strategy_lib
+from pipeline.training.pretrainer import PretrainError, normalize_mlm_weights
+
+
+# ---------------------------------------------------------------------------
+# The stage.
+# ---------------------------------------------------------------------------
+def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
+    artifacts.require(paths.vocab_file, "the vocab", "vocab")
+    vocab_job.check_vocab(str(paths.vocab_file))
+    vocabulary_size = sum(1 for _ in open(paths.vocab_file, encoding="utf-8"))
+    stats = json.loads(artifacts.require(paths.data_stats, "the pretraining data", "data").read_text())
+    made = stats["settings"]
+    keys = ("max_seq_length", "max_predictions_per_seq", "masking")
+    if config.data.phases:  # the shape of each phase, against data.phases
+        made_phases = [f"{p['max_seq_length']}/{p['max_predictions_per_seq']}"
+                       for p in stats.get("phases", [])]
+        wanted = [f"{seq}/{pred}" for seq, pred in config_lib.data_phases(config)]
+        if made_phases != wanted:
+            raise PretrainError(
+                f"the TFRecords in {paths.data_dir} were made with data.phases = "
+                f"{made_phases or '[] (one phase)'}, but the config says {wanted}; run `make data` "
+                f"again with this config")
+        keys = ("masking",)
+    for key in keys:
+        if made.get(key, "static") != getattr(config.data, key):
+            raise PretrainError(
+                f"the TFRecords in {paths.data_dir} were made with data.{key} = {made.get(key, 'static')}, but the "
+                f"config says {getattr(config.data, key)}; run `make data` again with this config")
+    if not config.data.phases and config.data.max_seq_length > config.model.max_sequence_length:
+        raise PretrainError(f"data.max_seq_length {config.data.max_seq_length} exceeds "
+                            f"model.max_sequence_length {config.model.max_sequence_length}")
+    if paths.pretrain_config.exists() or (paths.checkpoint_dir / "config.yaml").exists():
+        saved_path = paths.checkpoint_dir / "config.yaml"
+        if not saved_path.exists():
+            saved_path = paths.pretrain_config
+        saved = yaml.safe_load(saved_path.read_text())
+        # Keys added since the checkpoint was written take their defaults.
+        saved_model = {**config_lib.to_dict(Config())["model"], **(saved.get("model") or {})}
+        if saved_model != config_lib.to_dict(config)["model"]:
+            raise PretrainError(
+                f"the checkpoints in {paths.pretrain_dir} were trained with another model config "
+                f"({saved.get('model')}); use another run_dir or delete {paths.pretrain_dir} to "
+                f"start over")
+    return vocabulary_size, stats
+
+
+def masking_args(config: Config, paths: Artifacts) -> dict:
+    """`masking=` for inputs.pretraining_dataset when the records are unmasked
+    (data.masking = dynamic): tf.data masks each batch, seeded by the batch's index, so
+    skipping consumed batches on resume also reproduces their masks."""
+    dc = config.data
+    if getattr(dc, "masking", "static") != "dynamic":
+        return {}
+    return {"masking": inputs.DynamicMasking.from_vocab(
+        str(paths.vocab_file), masked_lm_prob=dc.masked_lm_prob,
+        whole_word=getattr(dc, "whole_word_masking", False), seed=config.train.seed)}
+
+
+def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
+                  data_dir: Path | None = None, prefix: str = "pretrain"):
+    """The repeated, shuffled training batches, positioned after `start_step` updates.
+
+    resume_data = skip: the same seed as a fresh run, minus the batches already consumed
+    (start_step × grad_accum_steps global batches), so a resumed run continues the
+    uninterrupted run's batch sequence (exact on one worker and with data sharding).
+    reseed: a fresh order seeded with seed + start_step. `data_dir`: a phase's records
+    (default data/).
+    """
+    tc, dc = config.train, config.data
+    reseed = tc.resume_data == "reseed"
+    pattern = paths.shard_pattern("train", data_dir)
+    data = inputs.pretraining_dataset(
+        pattern, tc.batch_size, dc.max_seq_length, dc.max_predictions_per_seq,
+        training=True, seed=tc.seed + (start_step if reseed else 0),
+        shuffle_buffer=tc.shuffle_buffer, **masking_args(config, paths))
+    consumed = start_step * tc.grad_accum_steps
+    if consumed and not reseed and start_step < tc.steps:
+        log(f"{prefix}: skipping the {consumed:,} batches consumed before step {start_step}")
+        data = data.skip(consumed)
+    data = data.map(normalize_mlm_weights, num_parallel_calls=tf.data.AUTOTUNE)
+    files = len(tf.io.gfile.glob(pattern))
+    return data.with_options(strategy_lib.shard_options(tc.data_sharding, files))
