@@ -13,6 +13,7 @@ A run directory (config key `run_dir`, default `runs/default`) holds:
                                             mlflow_run.json (the phase's run)
     pretrain/config.yaml                    the config the model was trained with
     pretrain/model.keras pretrain/saved_model/ pretrain/eval.json   final model + held-out eval
+    pretrain/heldout_curve.json             held-out MLM accuracy vs training seconds (probes)
     finetune/<name>/                        a fine-tuned task: model, raw-text SavedModel, metrics
                                             (see FinetuneArtifacts)
     multitask/<name>/                       one encoder, a head per task (see MultitaskArtifacts)
@@ -75,6 +76,8 @@ class Artifacts:
         self.model_keras = self.pretrain_dir / "model.keras"
         self.saved_model = self.pretrain_dir / "saved_model"
         self.pretrain_eval = self.pretrain_dir / "eval.json"
+        # held-out MLM accuracy every train.heldout_every steps: time to accuracy
+        self.heldout_curve = self.pretrain_dir / "heldout_curve.json"
         # the MLflow run of the pretrain stage, beside the checkpoints it resumes from
         self.pretrain_run_file = self.run_file(self.checkpoint_dir)
         # finetune stage: one folder per fine-tuned task, <run_dir>/finetune/<name>/

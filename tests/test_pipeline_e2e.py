@@ -44,6 +44,10 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
     first_eval = json.loads(paths.pretrain_eval.read_text())
     assert first_eval["step"] == 6
     assert 0.0 <= first_eval["eval_mlm_accuracy"] <= 1.0
+    # Time to accuracy: the held-out probe every 3 steps (test_tiny.yaml) and at the end.
+    heldout = json.loads(paths.heldout_curve.read_text())
+    assert [step for step, _, _ in heldout["curve"]] == [3, 6]
+    assert all(0.0 <= accuracy <= 1.0 and seconds > 0 for _, seconds, accuracy in heldout["curve"])
 
     client, runs = runs_of(tmp_path)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -56,6 +60,9 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
     assert pretrain_run.data.params["train.steps"] == "6"
     history = client.get_metric_history(pretrain_run.info.run_id, "loss")
     assert [m.step for m in history] == [2, 4, 6]
+    probes = client.get_metric_history(pretrain_run.info.run_id, "heldout_mlm_accuracy")
+    assert [m.step for m in probes] == [3, 6]
+    assert "train_seconds" in pretrain_run.data.metrics
     for key in ("learning_rate", "tokens_per_second", "mlm_accuracy", "nsp_accuracy",
                 "eval_mlm_accuracy", "eval_nsp_accuracy"):
         assert key in pretrain_run.data.metrics, key

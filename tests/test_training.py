@@ -350,3 +350,45 @@ def _importable(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+class _Improving:
+    """A stand-in pretrainer whose held-out MLM accuracy rises 0.0, 0.25, 0.5, ... per probe
+    (4 masked positions per batch, one more of them right each time); each call sleeps."""
+
+    def __init__(self):
+        self.optimizer = type("Optimizer", (), {"iterations": 0})()
+        self.calls, self.stop_training = 0, False
+
+    def __call__(self, x, training=False):
+        import time
+
+        time.sleep(0.05)  # probe time, to be excluded from the training seconds
+        right = min(self.calls, 4)
+        self.calls += 1
+        logits = np.zeros((1, 4, 3), "float32")
+        for i in range(4):
+            logits[0, i, 1 if i < right else 2] = 1.0  # gold id is 1
+        return {"mlm": logits}
+
+
+def test_heldout_probe_records_time_to_accuracy():
+    model = _Improving()
+    batch = ({}, {"mlm": np.ones((1, 4), "int32")}, {"mlm": np.ones((1, 4), "float32")})
+    lines = []
+    probe = callbacks.HeldOutProbe([batch], every=2, total_steps=9, log=lines.append,
+                                   to_mlflow=False, seconds_before=100.0)
+    probe.set_model(model)
+    probe.on_train_begin()
+    for step in range(1, 10):
+        model.optimizer.iterations = step
+        probe.on_train_batch_end(step)
+    # probed at steps 2, 4, 6, 8 and at the last step, 9
+    assert [s for s, _, _ in probe.curve] == [2, 4, 6, 8, 9]
+    assert [a for _, _, a in probe.curve] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    seconds = [t for _, t, _ in probe.curve]
+    assert seconds == sorted(seconds) and seconds[0] >= 100.0  # continues a resumed run's clock
+    assert seconds[-1] - 100.0 < 0.05  # the probes' own 5 x 0.05 s are not training time
+    assert set(probe.reached) == {0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.72, 0.8, 0.9}
+    assert probe.reached[0.2] == seconds[1] and probe.reached[0.9] == seconds[4]
+    assert any("reached 0.5 at step 6" in line for line in lines)

@@ -160,6 +160,11 @@ class TrainConfig:
     log_every: int = 20
     # Held-out evaluation batches at the end (0 = the whole held-out set).
     eval_batches: int = 0
+    # Time to accuracy: every `heldout_every` steps (0 = never) the MLM accuracy on the first
+    # `heldout_batches` held-out batches (0 = all), logged as heldout_mlm_accuracy with the
+    # training seconds; time_to_mlm_acc_<level> when it first reaches 0.2, 0.3, ...
+    heldout_every: int = 100
+    heldout_batches: int = 8
     shuffle_buffer: int = 10_000
     seed: int = 12345
     # How workers of a multi_worker cluster split the training data (tf.data auto-sharding):

@@ -126,6 +126,9 @@ def run(config: Config, log=print) -> dict:
     if chief:
         artifacts.write_text_atomic(paths.pretrain_eval, json.dumps(results, indent=2))
         artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
+        if outcome["heldout"]:  # time to accuracy: (step, training seconds, accuracy) probes
+            artifacts.write_text_atomic(paths.heldout_curve,
+                                        json.dumps(outcome["heldout"], indent=1))
         export(model, paths)
         if mlflow.active_run():
             mlflow.set_tag("pretrain.weights_sha256", digest)
@@ -133,6 +136,8 @@ def run(config: Config, log=print) -> dict:
                                step=results["step"])
             mlflow.log_artifact(str(paths.pretrain_eval), "pretrain")
             mlflow.log_artifact(str(paths.pretrain_config), "pretrain")
+            if outcome["heldout"]:
+                mlflow.log_artifact(str(paths.heldout_curve), "pretrain")
             mlflow.log_artifact(str(paths.model_keras), "model")
             mlflow.log_artifacts(str(paths.saved_model), "model/saved_model")
             review_plots(model, config, paths, history, log)

@@ -124,10 +124,11 @@ class Checkpointer(keras.callbacks.Callback):
     """
 
     def __init__(self, checkpoint_dir: Path, keep: int, config_yaml: str, write: bool,
-                 guard: NonFiniteGuard | None = None):
+                 guard: NonFiniteGuard | None = None, clock=None):
         super().__init__()
         self.dir, self.keep, self.config_yaml, self.write = Path(checkpoint_dir), keep, config_yaml, write
         self.guard = guard
+        self.clock = clock  # training seconds so far (HeldOutProbe.train_seconds), kept beside
 
     def save(self):
         if self.guard is not None and self.guard.bad_step is not None:
@@ -145,7 +146,8 @@ class Checkpointer(keras.callbacks.Callback):
         self.model.save_weights(str(tmp))
         os.replace(tmp, self.dir / f"ckpt-{step:08d}.weights.h5")
         artifacts.write_text_atomic(self.dir / "config.yaml", self.config_yaml)
-        artifacts.write_text_atomic(self.dir / "latest.json", json.dumps({"step": step}))
+        latest = {"step": step, **({"train_seconds": self.clock()} if self.clock else {})}
+        artifacts.write_text_atomic(self.dir / "latest.json", json.dumps(latest))
         old = sorted(p for p in self.dir.glob("ckpt-*.weights.h5") if CHECKPOINT_RE.search(p.name))
         for path in old[:-self.keep]:
             path.unlink()
@@ -156,3 +158,73 @@ class Checkpointer(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.save()
 
+
+
+# Held-out MLM accuracy levels whose first crossing is recorded (time to accuracy).
+ACCURACY_LEVELS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.72, 0.8, 0.9)
+
+
+def masked_lm_accuracy(model, batches) -> float:
+    """MLM accuracy of `model` on `batches` ((x, y, sample_weight) as the pretrainer takes
+    them): correct masked predictions over real ones (weight > 0), the model in inference mode."""
+    correct = total = 0.0
+    for x, y, weights in batches:
+        logits = model(x, training=False)["mlm"]  # (batch, predictions, vocab)
+        predicted = np.argmax(keras.ops.convert_to_numpy(logits), axis=-1)
+        mask = keras.ops.convert_to_numpy(weights["mlm"]) > 0
+        correct += float(np.sum((predicted == keras.ops.convert_to_numpy(y["mlm"])) & mask))
+        total += float(mask.sum())
+    return correct / max(total, 1.0)
+
+
+class HeldOutProbe(keras.callbacks.Callback):
+    """Every `every` optimizer updates (and at the end): MLM accuracy on a fixed sample of
+    held-out batches, and the training seconds at which it first reached each level of
+    `levels`: time to accuracy, comparable across recipes in the MLflow UI.
+
+    MLflow: `heldout_mlm_accuracy` and `train_seconds` at each probed step;
+    `time_to_mlm_acc_<level>` (seconds) once a level is reached. Training seconds run from
+    the start of `fit` (plus `seconds_before`, a resumed run's earlier seconds) and exclude
+    the probes themselves. `curve` keeps (step, seconds, accuracy).
+    """
+
+    def __init__(self, batches: list, every: int, total_steps: int, log=print,
+                 to_mlflow: bool = True, levels=ACCURACY_LEVELS, seconds_before: float = 0.0,
+                 prefix: str = "pretrain"):
+        super().__init__()
+        self.batches, self.every, self.total = batches, every, total_steps
+        self.log, self.to_mlflow, self.levels, self.prefix = log, to_mlflow, levels, prefix
+        self.seconds_before = seconds_before
+        self.start, self.probe_seconds, self.last_step = None, 0.0, None
+        self.reached: dict[float, float] = {}
+        self.curve: list[tuple[int, float, float]] = []
+
+    def train_seconds(self) -> float:
+        return self.seconds_before + time.time() - self.start - self.probe_seconds
+
+    def on_train_begin(self, logs=None):
+        self.start, self.probe_seconds = time.time(), 0.0
+        self.last_step = global_step(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = global_step(self.model)
+        if step != self.last_step and (step % self.every == 0 or step >= self.total):
+            self.probe(step)
+        self.last_step = step
+
+    def probe(self, step: int) -> float:
+        seconds = self.train_seconds()
+        started = time.time()
+        accuracy = masked_lm_accuracy(self.model, self.batches)
+        self.probe_seconds += time.time() - started
+        self.curve.append((step, seconds, accuracy))
+        metrics = {"heldout_mlm_accuracy": accuracy, "train_seconds": seconds}
+        for level in self.levels:
+            if accuracy >= level and level not in self.reached:
+                self.reached[level] = seconds
+                metrics[f"time_to_mlm_acc_{level:g}"] = seconds
+                self.log(f"{self.prefix}: held-out MLM accuracy reached {level:g} at step {step}, "
+                         f"{seconds:,.0f} s of training")
+        if self.to_mlflow and mlflow.active_run():
+            mlflow.log_metrics(metrics, step=step)
+        return accuracy

@@ -6,6 +6,7 @@ starting a phase from the previous phase's weights. The callback that writes the
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -22,6 +23,17 @@ def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:
         if match:
             found.append((int(match.group(1)), path))
     return max(found) if found else None
+
+
+def checkpoint_seconds(checkpoint: Path) -> float:
+    """The training seconds recorded with the newest checkpoint in `checkpoint`'s folder
+    (latest.json), 0 if none: a resumed run's clock for time to accuracy continues from it."""
+    try:
+        latest = json.loads((Path(checkpoint).parent / "latest.json").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    return float(latest.get("train_seconds", 0.0)) if latest.get("step") == int(
+        CHECKPOINT_RE.search(Path(checkpoint).name).group(1)) else 0.0
 
 
 def global_step(model) -> int:

@@ -18,12 +18,14 @@ from pipeline.training import inputs
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.callbacks import (
     Checkpointer,
+    HeldOutProbe,
     NonFiniteGuard,
     StepLogger,
     StopAt,
     scalar_logs,
 )
 from pipeline.training.checkpoints import (
+    checkpoint_seconds,
     global_step,
     latest_checkpoint,
     start_from_previous_phase,
@@ -92,6 +94,14 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
             mlflow.log_metric("resumed_from_step", start_step, step=start_step)
         tracking.log_parameter_breakdown(model)  # params/params.{json,txt}, params_* metrics
 
+    # Time to accuracy: held-out MLM accuracy every train.heldout_every steps on a fixed sample
+    # of the held-out batches; the training seconds continue those of the checkpoint resumed.
+    probe = None
+    if tc.heldout_every:
+        sample = eval_data.take(tc.heldout_batches) if tc.heldout_batches else eval_data
+        probe = HeldOutProbe(list(sample), tc.heldout_every, tc.steps, log=log, to_mlflow=chief,
+                             seconds_before=checkpoint_seconds(found[1]) if found else 0.0,
+                             prefix=prefix)
     logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length, log=log,
                         to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
                         flops_per_token=per_token, peak_flops=peak)
@@ -107,8 +117,10 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                 initial_epoch=start_step // chunk,
                 epochs=math.ceil(tc.steps / chunk),
                 callbacks=[logger, guard, StopAt(tc.steps),
+                           *([probe] if probe else []),
                            Checkpointer(phase.checkpoint_dir, tc.keep_checkpoints, config_yaml,
-                                        chief, guard)],
+                                        chief, guard,
+                                        clock=probe.train_seconds if probe else None)],
                 shuffle=False,  # tf.data shuffles
                 verbose=0,
             )
@@ -149,5 +161,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         mlflow.set_tag("pretrain.weights_sha256", digest)
         mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
                            step=results["step"])
+    heldout = ({"curve": probe.curve, "reached": {f"{k:g}": v for k, v in probe.reached.items()},
+                "every": tc.heldout_every, "batches": tc.heldout_batches} if probe else None)
     return {"model": model, "parameters": params, "start_step": start_step,
-            "weights_sha256": digest, "history": logger.history, "results": results}
+            "weights_sha256": digest, "history": logger.history, "results": results,
+            "heldout": heldout}
