@@ -98,7 +98,8 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
     assert results["history"][-1]["step"] == 2 * 8
     for split in ("validation", "test"):
         assert set(results[split]) >= {"accuracy", "macro_f1", "mcc", "f1"}
-    assert set(results["baselines"]) == {"majority", "bow_lr"}
+    assert set(results["baselines"]) == {"majority", "bow_lr", "random_init"}
+    assert set(results["baselines"]["random_init"]) >= {"accuracy", "macro_f1"}
     assert results["baselines"]["majority"]["accuracy"] == pytest.approx(0.5)
     assert results["export_max_abs_diff"] < 1e-5
     assert np.asarray(results["test"]["confusion_matrix"]).sum() == 8
@@ -107,7 +108,7 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
     client = mlflow.MlflowClient()
     logged = client.get_run(run.info.run_id)
     assert {"test_accuracy", "validation_macro_f1", "baseline_bow_lr_test_accuracy",
-            "val_macro_f1"} <= set(logged.data.metrics)
+            "baseline_random_init_test_accuracy", "val_macro_f1"} <= set(logged.data.metrics)
     names = {a.path for a in client.list_artifacts(run.info.run_id, "finetune")}
     assert "finetune/confusion_matrix.png" in names and "finetune/splits.json" in names
     version = client.get_model_version_by_alias("bert-test", "champion")
@@ -160,7 +161,7 @@ def test_sentence_pair_regression_export(tmp_path, encoder_files):
     with quiet():
         results = finetuning.fine_tune(config)
     assert set(results["test"]) == {"pearson", "spearman", "mse"}
-    assert set(results["baselines"]) == {"mean", "bow_ridge"}
+    assert set(results["baselines"]) == {"mean", "bow_ridge", "random_init"}
     assert results["export_max_abs_diff"] < 1e-5
     folder = results["output_dir"]
     assert json.loads((Path(folder) / "task.json").read_text())["pair"] is True
@@ -190,7 +191,7 @@ def test_token_classification_first_piece_labels(tmp_path, encoder_files):
     with quiet():
         results = finetuning.fine_tune(config)
     assert set(results["test"]) == {"precision", "recall", "f1", "token_accuracy"}
-    assert set(results["baselines"]) == {"majority", "most_frequent_tag"}
+    assert set(results["baselines"]) == {"majority", "most_frequent_tag", "random_init"}
     # The per-word baseline learns this fixture exactly (a tag is a function of the word).
     assert results["baselines"]["most_frequent_tag"]["f1"] == pytest.approx(1.0)
     # The raw-string SavedModel (in-graph word split) == the .keras model + Python tokenization.

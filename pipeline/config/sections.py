@@ -263,6 +263,9 @@ class FinetuneConfig:
     seed: int = 12345
     similarity_scale: float = 20.0  # semantic_search: cosine x scale before the softmax
     baselines: bool = True  # majority class + bag-of-words logistic regression on the test split
+    # With baselines: also the same architecture from random initialisation, fine-tuned with the
+    # same budget (baseline_random_init_test_<metric>): what pretraining bought. Doubles the time.
+    random_init_baseline: bool = True
     # Log the raw-text SavedModel to MLflow as a model and register it (the files in
     # <run_dir>/finetune/<name>/ are written either way).
     register_model: bool = True

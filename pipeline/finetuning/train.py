@@ -104,10 +104,7 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
         total_steps = min(total_steps, fc.max_steps)
     epochs = math.ceil(total_steps / steps_per_epoch)
     with strategy.scope():
-        encoder = build_task_model(task, backbone, len(data.labels or []), fc)
-        model = (heads.BertBiEncoderTrainer(encoder, fc.similarity_scale)
-                 if task == "semantic_search" else encoder)
-        compile_task(model, task, build_optimizer(fc, total_steps))
+        model, encoder = build_trainable(task, backbone, data, fc, total_steps)
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
     log(f"finetune: {model_path} → {type(encoder).__name__}, {encoder.count_params():,} "
         f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
@@ -120,20 +117,8 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
                            **{f"finetune.examples.{k}": v for k, v in counts.items()}})
 
     # 4. Train, keeping the best epoch by the validation metric.
-    def evaluate_validation():
-        return evaluate(task, model, splits["validation"], data, fc, encoder)[0]
-
-    evaluator = EpochEvaluator(evaluate_validation, data.metric, log, to_mlflow=True)
-    train = splits["train"]
-    fit_kwargs = {"sample_weight": train.sample_weight} if train.sample_weight else {}
-    model.fit(train.x, train.y, batch_size=fc.batch_size, epochs=epochs, shuffle=True,
-              callbacks=[StopAt(total_steps), evaluator,
-                         Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size, log)],
-              verbose=0, **fit_kwargs)
-    if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
-        model.set_weights(evaluator.best_weights)
-        log(f"finetune: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
-            f"{evaluator.best:.4f})")
+    evaluator = train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
+                                 log, to_mlflow=True)
     train_seconds = time.time() - started
 
     # 5. Evaluate: validation, test(s), baselines.
@@ -145,6 +130,9 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
         results[name], predictions[name] = evaluate(task, model, splits[name], data, fc, encoder)
     if fc.baselines:
         results["baselines"] = baselines(task, data, fc.seed)
+        if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
+            results["baselines"]["random_init"] = random_init_baseline(
+                task, backbone, splits, data, fc, total_steps, epochs, strategy, log)
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
     _report(results, data, log)
@@ -154,3 +142,50 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
                       lowercase, log)
         results["output_dir"] = str(paths.dir)
     return results
+
+
+def build_trainable(task: str, backbone, data, fc, total_steps: int):
+    """(the model `fit` trains, the task model it contains), compiled; call in the strategy
+    scope. They differ only for semantic search (a bi-encoder trainer around the encoder)."""
+    encoder = build_task_model(task, backbone, len(data.labels or []), fc)
+    model = (heads.BertBiEncoderTrainer(encoder, fc.similarity_scale)
+             if task == "semantic_search" else encoder)
+    compile_task(model, task, build_optimizer(fc, total_steps))
+    return model, encoder
+
+
+def train_best_epoch(task: str, model, encoder, splits: dict, data, fc, total_steps: int,
+                     epochs: int, log=print, to_mlflow: bool = True) -> EpochEvaluator:
+    """`model.fit` for `epochs` (at most `total_steps` updates), the validation metric after
+    every epoch; the best epoch's weights are put back. Returns the evaluator (history, best)."""
+    def evaluate_validation():
+        return evaluate(task, model, splits["validation"], data, fc, encoder)[0]
+
+    evaluator = EpochEvaluator(evaluate_validation, data.metric, log, to_mlflow=to_mlflow)
+    train = splits["train"]
+    steps_per_epoch = math.ceil(len(next(iter(train.x.values()))) / fc.batch_size)
+    fit_kwargs = {"sample_weight": train.sample_weight} if train.sample_weight else {}
+    model.fit(train.x, train.y, batch_size=fc.batch_size, epochs=epochs, shuffle=True,
+              callbacks=[StopAt(total_steps), evaluator,
+                         Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size, log)],
+              verbose=0, **fit_kwargs)
+    if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
+        model.set_weights(evaluator.best_weights)
+        log(f"finetune: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
+            f"{evaluator.best:.4f})")
+    return evaluator
+
+
+def random_init_baseline(task: str, backbone, splits: dict, data, fc, total_steps: int,
+                         epochs: int, strategy, log=print) -> dict:
+    """Test metrics of the same architecture from random initialisation, fine-tuned with the
+    same data, steps, schedule and epoch selection: the gain of pretraining is the difference."""
+    keras.utils.set_random_seed(fc.seed + 1)
+    with strategy.scope():
+        fresh = type(backbone).from_config(backbone.get_config())
+        model, encoder = build_trainable(task, fresh, data, fc, total_steps)
+    quiet = lambda line: log(line.replace("finetune:", "finetune (random init):", 1))  # noqa: E731
+    train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs, quiet,
+                     to_mlflow=False)
+    return evaluate(task, model, splits["test"], data, fc, encoder)[0]
+
