@@ -14,7 +14,8 @@ def test_defaults_and_shipped_configs_load():
     config = config_lib.load("configs/pretrain_tiny.yaml")
     assert config.model.preset == "tiny"
     assert config_lib.model_architecture(config)["hidden_dim"] == 128
-    for name in ("pretrain_base.yaml", "pretrain_large.yaml", "test_tiny.yaml"):
+    for name in ("pretrain_base.yaml", "pretrain_large.yaml", "test_tiny.yaml",
+                 "pretrain_tiny_paper.yaml"):
         config_lib.load(f"configs/{name}")
 
 
