@@ -1,26 +1,6 @@
-"""Beam transforms shared by the jobs: read documents in bounded pieces, tokenize, sum counters.
-
-Input formats (`--input_format`), every one read through Beam's `FileSystems`
-(local paths, gs://, s3://, ...; `.gz`/`.bz2` decompressed transparently):
-
-    google  one sentence per line, a blank line between documents (Google's format)
-    text    plain text: a document is a block of lines between blank lines (a
-            paragraph block; a file without blank lines is one document); its lines
-            are joined and split into sentences by `split_sentences` (rule-based)
-    jsonl   one JSON object per line, one document each; the text is in the field
-            `--text_field` (default "text"); its lines are split into sentences
-
-    >>> split_documents("One.\\nTwo.\\n\\nThree.\\n")
-    ([['One.', 'Two.'], ['Three.']], 0)
-    >>> split_sentences("Mr. Smith went to Washington. He arrived at 5 p.m. on Monday! Did he?")
-    ['Mr. Smith went to Washington.', 'He arrived at 5 p.m. on Monday!', 'Did he?']
-
-Streaming: an uncompressed file is read in byte ranges of `chunk_bytes` (a
-document belongs to the range holding its first byte), a compressed one as one
-stream; either way a worker holds one document (plus one tokenizer batch) at a
-time. A document's id is `(file path, byte offset of its first line)` — the same
-whatever the range size or runner — so every later step can sort and hash
-documents deterministically.
+"""Beam transforms shared by the jobs: tokenize documents, TFRecord frames without
+TensorFlow, sum counters. Reading the input (formats, byte ranges, document ids) is
+beam_jobs/reading.py.
 
 Tokenizing uses the Hugging Face `tokenizers` WordPiece (Rust) with the BERT
 normaliser and pre-tokenizer — the same rules as google-research/bert's
