@@ -9,9 +9,9 @@
     load.py        `load(path, overrides)`: YAML + `section.key=value` overrides -> a
                    validated Config; `from_dict`
 
-    >>> config = load(None, ["train.steps=50"])
+    >>> config = load(None, ["train.steps=500"])
     >>> config.train.steps, config.model.preset
-    (50, 'tiny')
+    (500, 'tiny')
 
 Every bad value is a `ConfigError` naming the file, the key, the value and what is allowed.
 """
