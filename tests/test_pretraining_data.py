@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -211,19 +212,24 @@ def test_input_formats_gzip_and_jsonl(tmp_path):
     assert all(isinstance(ref, bytes) for _, ref in refs)
 
 
-def test_tokenizer_equals_the_rust_tokenizer_on_whole_lines(tmp_path):
-    """Word-by-word with a cache (even a full one) = the HF BERT pipeline on whole lines."""
+def test_tokenizer_cache_gives_the_ids_of_whole_lines(tmp_path):
+    """Word-by-word with a cache (even a full one) = the contract's rules on whole lines."""
+    from models.tokenizer import Tokenizer, basic_words, wordpiece
+
     vocab = transforms.read_vocab(write_vocab(tmp_path / "v.txt"))
     lines = ["The quick brown fox, jumping over rivers!", "Café\u3000au\xa0lait .",
-             "ab\x1ccd\u200b ef\tgh", "中文 text", "x" * 150 + " dog", "[MASK] it's", "", "  "]
+             "ab\x1ccd\u200b ef\tgh", "中文 text", "x" * 250 + " dog", "[MASK] it's", "", "  ",
+             "ΑΣ.Α ΑΣ", "a\x0bb\x85c\u2028d"]
     rng = random.Random(3)
     lines += [" ".join(rng.choice(WORDS + ["Xyz", "dogs!", "(it)"]) for _ in range(12))
               for _ in range(200)]
-    full = transforms.WordPieceTokenizer(vocab, lowercase=True)
-    expected = [e.ids for e in full._tokenizer.encode_batch_fast(lines, add_special_tokens=False)]
+    index = {t: i for i, t in enumerate(vocab)}
+    expected = [[i for w in basic_words(line, True) for i in wordpiece(w, index, index["[UNK]"])]
+                for line in lines]
+    full = Tokenizer(vocab, lowercase=True)
     assert full.tokenize(lines) == expected
     assert full.tokenize(lines) == expected  # now from the cache
-    small = transforms.WordPieceTokenizer(vocab, lowercase=True, cache_words=5)
+    small = Tokenizer(vocab, lowercase=True, cache_words=5)
     assert small.tokenize(lines) == expected
     ids = {t: i for i, t in enumerate(vocab)}
     assert full.tokenize(["Jumping rivers"]) == [[ids["jump"], ids["##ing"], ids["river"],
@@ -596,6 +602,18 @@ def test_multi_process_runner_gives_the_same_bytes(corpus, run_a, tmp_path):
     pd.run(job_args(corpus, tmp_path, "--runner=FnApiRunner",
                     "--direct_running_mode=multi_processing", "--direct_num_workers=2"))
     files, _ = read_records(tmp_path)
+    assert [open(f, "rb").read() for f in files] == [
+        open(f, "rb").read() for f in read_records(run_a[0])[0]]
+
+
+def test_the_same_corpus_elsewhere_gives_the_same_bytes(corpus, run_a, tmp_path):
+    """Documents are grouped by their path below the input folder, not by absolute path: a
+    copy of the corpus in another run directory gives byte-identical TFRecords."""
+    elsewhere = tmp_path / "another" / "run" / "corpus"
+    shutil.copytree(corpus["root"] / "in", elsewhere)
+    moved = dict(corpus, pattern=str(elsewhere / "*.txt"))
+    pd.run(job_args(moved, tmp_path / "out", *RUNNER))
+    files, _ = read_records(tmp_path / "out")
     assert [open(f, "rb").read() for f in files] == [
         open(f, "rb").read() for f in read_records(run_a[0])[0]]
 

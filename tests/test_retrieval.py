@@ -16,7 +16,8 @@ from models.bert import BertEncoder
 from models.heads import BertSentenceEncoder
 from pipeline import artifacts
 from pipeline.serving import search
-from pipeline.text import preprocessor, windows
+from models import preprocessor
+from pipeline.text import windows
 from pipeline.tools import predict, retrieval_eval
 
 from tests.test_finetune_data import write_vocab

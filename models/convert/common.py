@@ -250,34 +250,23 @@ def guess_lowercase(tokens) -> bool:
 
 def tokenizer_from_vocab(vocab_path, lowercase: bool, special_tokens_in_strings: bool = True,
                          sequence_length=None):
-    """keras-hub `BertTokenizer` that matches Hugging Face `BertTokenizerFast` with the same vocab.
+    """The project's tokenizer layer (`models.preprocessor.TokenizerLayer`) over a vocab.txt.
 
-    Uncased (`lowercase=True`): lowercase AND strip accents, as BERT's uncased
-    tokenizers do (without `strip_accents` accented words become [UNK]).
-    `special_tokens_in_strings=True` makes literal "[MASK]", "[SEP]" … in the
-    text map to their ids, as the Hugging Face tokenizer does.
-
-    Known differences from `BertTokenizerFast` (checked by tests/test_convert.py):
-    - a word longer than 100 UTF-8 BYTES becomes [UNK] here; the Hugging Face
-      limit is 100 characters (so 51–100-character words of non-ASCII letters,
-      e.g. Cyrillic or accented in cased vocabularies, differ);
-    - uncased: compatibility characters are folded here (NFKC casefold: "ﬁ" → "fi",
-      full-width "Ｆ" → "f", "ß" → "ss"), Hugging Face only lowercases;
-    - NUL and format characters such as a zero-width space split words here;
-      Hugging Face deletes them and joins the pieces.
+    It follows Google's `tokenization.py` exactly (`models.tokenizer` has the rules, and the
+    cases where Hugging Face's tokenizers differ from it). Uncased (`lowercase=True`):
+    lowercase AND strip accents, as BERT's uncased tokenizers do.
+    `special_tokens_in_strings=True` makes literal "[MASK]", "[SEP]" … in the text map to
+    their ids, as the Hugging Face tokenizer does.
 
         >>> tokenizer = tokenizer_from_vocab("vocab.txt", lowercase=True)  # doctest: +SKIP
-        >>> tokenizer("Héllo world")  # doctest: +SKIP
+        >>> tokenizer(["Héllo world"])  # doctest: +SKIP
     """
-    import keras_hub
+    from models.preprocessor import TokenizerLayer
+    from models.tokenizer import vocab_tokens
 
-    return keras_hub.tokenizers.BertTokenizer(
-        vocabulary=str(vocab_path),
-        sequence_length=sequence_length,
-        lowercase=lowercase,
-        strip_accents=lowercase,
-        special_tokens_in_strings=special_tokens_in_strings,
-    )
+    vocab = vocab_tokens(Path(vocab_path).read_text(encoding="utf-8"))
+    return TokenizerLayer(vocab, lowercase=lowercase, sequence_length=sequence_length,
+                          special_tokens_in_strings=special_tokens_in_strings)
 
 
 def write_vocab(tokens, path) -> Path:

@@ -8,7 +8,7 @@ names the file and the label), and makes the splits: the given files, or seeded 
 training file (by document for Brown, so no document is on both sides), recorded in
 `TaskData.splits` (the stage writes them to splits.json).
 
-Features: pipeline/text/preprocessor.py (text and text pairs, in-graph) and
+Features: models/preprocessor.py (text and text pairs, in-graph) and
 pipeline/finetuning/features.py (token classification and QA).
 """
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.finetuning.readers import FinetuneDataError
-from pipeline.text.preprocessor import TextPreprocessor, basic_tokens
+from models.preprocessor import TextPreprocessor
+from pipeline.text.preprocessor import basic_tokens
 from pipeline.text.windows import is_max_context as _max_context  # BERT's _check_is_max_context
 from pipeline.text.windows import spans as window_spans
 

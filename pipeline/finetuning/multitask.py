@@ -20,7 +20,7 @@ from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import evaluation, outputs, readers, task_model
-from pipeline.text import preprocessor
+from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 
 

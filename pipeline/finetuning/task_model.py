@@ -17,7 +17,7 @@ from pipeline import artifacts
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.finetuning import features
-from pipeline.text import preprocessor
+from models import preprocessor
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask")
 

@@ -44,7 +44,7 @@ from pipeline.finetuning.task_model import (
     resolve_init,
     windowed,
 )
-from pipeline.text import preprocessor
+from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 from pipeline.training.callbacks import StopAt
 

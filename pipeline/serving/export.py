@@ -12,6 +12,10 @@ graph (the `TextPreprocessor` the training features were made with), then the Ke
     (the last two: whitespace word split / basic tokens, windows, n-best search in the graph;
     see pipeline/serving/word_serving.py)
 
+Every raw-text SavedModel also has a `tokenize` signature: text (batch,) -> {"token_ids":
+(batch, longest) int32 padded with -1, "lengths": (batch,)}, the WordPiece ids its graph gives
+(the tokenizer contract of models/tokenizer.py; `saved_model_token_ids` reads them as lists).
+
 Load it anywhere TensorFlow and tensorflow-text are installed (`import tensorflow_text` first
 registers the tokenizer ops): `tf.saved_model.load(dir).signatures["serving_default"](text=...)`.
 `RawTextModel` (pipeline/serving/mlflow_model.py) wraps it as an MLflow pyfunc.
@@ -54,6 +58,36 @@ WORD_TASKS = ("token_classification", "question_answering")  # pipeline/serving/
 
 
 SIGNATURE = "serving_default"
+
+
+TOKENIZE_SIGNATURE = "tokenize"
+
+
+def tokenize_function(tokenizer):
+    """The `tokenize` signature's function: text -> {"token_ids" (padded with -1), "lengths"}."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def tokenize(text):
+        ids = tf.cast(tokenizer(text), tf.int32)
+        return {"token_ids": ids.to_tensor(default_value=-1),
+                "lengths": tf.cast(ids.row_lengths(), tf.int32)}
+
+    return tokenize
+
+
+def saved_model_token_ids(folder, texts, batch_size: int = 1024) -> list[list[int]]:
+    """The WordPiece ids a raw-text SavedModel's graph gives each text (its `tokenize`)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 - registers the tokenizer ops
+
+    tokenize = tf.saved_model.load(str(folder)).signatures[TOKENIZE_SIGNATURE]
+    out: list[list[int]] = []
+    for start in range(0, len(texts), batch_size):
+        result = tokenize(text=tf.constant(list(texts[start:start + batch_size])))
+        ids, lengths = result["token_ids"].numpy(), result["lengths"].numpy()
+        out.extend(row[:n].tolist() for row, n in zip(ids, lengths))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -119,7 +153,8 @@ def export_text_model(model, preprocessor, folder, task: str, labels=None,
         module = word_serving.build_qa_module(model, preprocessor, **settings)
     else:
         module = build_serving_module(model, preprocessor, task, labels, pair)
-    tf.saved_model.save(module, str(folder), signatures={SIGNATURE: module.serve})
+    tf.saved_model.save(module, str(folder), signatures={
+        SIGNATURE: module.serve, TOKENIZE_SIGNATURE: tokenize_function(module.tokenizer)})
 
 
 def load_saved_model(folder):
@@ -208,7 +243,8 @@ def export_window_model(model, pre, folder, labels, stride: int, max_windows: in
         return {"label": tf.gather(module.labels, tf.argmax(scores, axis=-1)), "scores": scores}
 
     module.serve = serve
-    tf.saved_model.save(module, str(folder), signatures={"serving_default": serve})
+    tf.saved_model.save(module, str(folder), signatures={
+        SIGNATURE: serve, TOKENIZE_SIGNATURE: tokenize_function(module.tokenizer)})
 
 
 def check_window_export(folder, model, pre, texts: list[str], stride: int,

@@ -21,8 +21,8 @@ extractive QA: `question`, `context` (batch,) ->
     score        (batch,) float32: its start + end logit (-inf when no span qualified)
     null_score   (batch,) float32: the min over windows of the [CLS] start + end logit
     start, end   (batch,) int32: the answer's character offsets in the context (-1 if "")
-  The context is split into words and single punctuation marks (`basic_tokens`: Python's
-  `\\w+|[^\\w\\s]` as RE2 classes), word-pieced, and cut into windows of
+  The context is split into words and single punctuation/CJK characters (`basic_tokens`, the
+  tokenizer contract's split, as RE2 classes), word-pieced, and cut into windows of
   `max_seq_length - question pieces - 3` pieces every `doc_stride` pieces (BERT's doc stride),
   all windows in one model call; BERT's n-best search (top `n_best` starts and ends, end >= start,
   at most `max_answer_length` pieces, the start in its maximum-context window) picks the span.
@@ -32,15 +32,9 @@ extractive QA: `question`, `context` (batch,) ->
 
 from __future__ import annotations
 
-# Python's `\s` and `\w` (str.isspace / isalnum + "_") as RE2 classes (identical for every
-# assigned code point of the Unicode version Python 3.11 knows).
+# Python's `\s` (str.isspace, what `str.split()` splits word-tagging input on) as an RE2 class
+# (identical for every assigned code point of the Unicode version Python 3.11 knows).
 WHITESPACE = r"[\s\x{0b}\x{1c}-\x{1f}\x{85}\p{Z}]"
-
-
-WORD_CHAR = r"[\p{L}\p{N}_]"
-
-
-PUNCTUATION = r"[^\p{L}\p{N}_\s\x{0b}\x{1c}-\x{1f}\x{85}\p{Z}]"
 
 
 def _pieces_or_unk(tokenizer, strings, unk_id):
@@ -147,6 +141,8 @@ def build_qa_module(model, preprocessor, max_query_length: int, doc_stride: int,
     import tensorflow as tf
     import tensorflow_text as tf_text
 
+    from pipeline.text.preprocessor import word_split_patterns
+
     seq = preprocessor.seq_length
     cls_id, sep_id = preprocessor.cls_id, preprocessor.sep_id
     pad_id, unk_id = preprocessor.pad_id, preprocessor.unk_id
@@ -168,7 +164,7 @@ def build_qa_module(model, preprocessor, max_query_length: int, doc_stride: int,
             q_len = q.row_lengths()  # (batch,)
             # The context: words and punctuation marks with byte offsets, then their pieces.
             tokens, begin, end = tf_text.regex_split_with_offsets(
-                context, WHITESPACE + "+|" + PUNCTUATION, PUNCTUATION)
+                context, *word_split_patterns("re2"))
             pieces = _pieces_or_unk(self.tokenizer, tokens.flat_values, unk_id)
             piece_token = pieces.value_rowids()  # the (flat) context token of each piece
             doc_len = tf.math.unsorted_segment_sum(pieces.row_lengths(), tokens.value_rowids(),

@@ -49,7 +49,7 @@ from pipeline.finetuning.distillation import (
     teacher_folder,
     train_student,
 )
-from pipeline.text import preprocessor
+from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 
 

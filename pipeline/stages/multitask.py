@@ -43,7 +43,7 @@ from pipeline.finetuning.multitask import (
     write_and_log,
 )
 from pipeline.finetuning.task_model import FinetuneError
-from pipeline.text import preprocessor
+from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 
 

@@ -1,15 +1,17 @@
-"""`Tokenizer`: keras-hub WordPiece over a vocab.txt with BERT's [CLS] A [SEP] (B [SEP]) inputs,
-used by the inspection tools (fill-mask, nsp, attention, embed) and the review plots.
+"""`Tokenizer`: the tokenizer contract (`models.preprocessor.TokenizerLayer`) over a vocab.txt
+with BERT's [CLS] A [SEP] (B [SEP]) inputs, used by the inspection tools (fill-mask, nsp,
+attention, embed) and the review plots.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from models.tokenizer import vocab_tokens
 
 from pipeline.text.vocab import TextError
 
@@ -20,10 +22,10 @@ TRACE_ABOVE = 256  # texts per tokenizer call above which the tokenizer runs as 
 
 
 # ---------------------------------------------------------------------------
-# Tokenizer: keras-hub WordPiece, [CLS] A [SEP] (B [SEP]) inputs.
+# Tokenizer: the contract's WordPiece, [CLS] A [SEP] (B [SEP]) inputs.
 # ---------------------------------------------------------------------------
 class Tokenizer:
-    """keras-hub's `WordPieceTokenizer` over a vocab.txt; a literal "[MASK]" in text is the [MASK] id.
+    """The contract's tokenizer over a vocab.txt; a literal "[MASK]" in text is the [MASK] id.
 
     (So are "[CLS]", "[SEP]", "[PAD]" and "[UNK]"; anything else in brackets is split
     into pieces as usual, e.g. "[mask]" is "[", "mask", "]".)
@@ -40,8 +42,9 @@ class Tokenizer:
     """
 
     def __init__(self, vocab_file: str | Path, lowercase: bool = True):
-        import keras_hub
         import tensorflow as tf
+
+        from models.preprocessor import TokenizerLayer
 
         path = Path(vocab_file)
         if not path.is_file():
@@ -49,7 +52,7 @@ class Tokenizer:
                             f"model was trained with)")
         text = path.read_text(encoding="utf-8")
         # Lines split as keras-hub splits a vocab file, so ids agree with the data stage's.
-        self.vocab = [line.rstrip() for line in io.StringIO(text, newline=None)]
+        self.vocab = vocab_tokens(text)
         self.vocab_file = path
         self.lowercase = lowercase
         index: dict[str, int] = {}
@@ -61,9 +64,8 @@ class Tokenizer:
                             f"needs all of {', '.join(REQUIRED_TOKENS)}")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             index[t] for t in REQUIRED_TOKENS)
-        self._layer = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=self.vocab, lowercase=lowercase, strip_accents=lowercase, oov_token="[UNK]",
-            special_tokens=list(REQUIRED_TOKENS), special_tokens_in_strings=True)
+        self._layer = TokenizerLayer(self.vocab, lowercase=lowercase,
+                                     special_tokens_in_strings=True)
         self._traced = None  # tf.function of the layer, made for the first large batch
         self._tf = tf
 
@@ -93,8 +95,6 @@ class Tokenizer:
                     self._layer, input_signature=[self._tf.TensorSpec([None], self._tf.string)])
             tokenize = self._traced
         ragged = tokenize(self._tf.constant(list(texts)))  # (texts, (tokens))
-        if isinstance(ragged, list):  # keras-hub returns Python lists from eager calls
-            return [[int(i) for i in ids] for ids in ragged]
         flat = ragged.flat_values.numpy().tolist()
         splits = ragged.row_splits.numpy().tolist()
         return [flat[start:end] for start, end in zip(splits[:-1], splits[1:])]

@@ -7,9 +7,10 @@ stage recorded in vocab.json beside it.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
+
+from models.tokenizer import vocab_tokens
 
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
@@ -27,7 +28,7 @@ def read_vocab(vocab_file) -> list[str]:
     if not path.is_file():
         raise TextError(f"vocab file {path} not found; run `make vocab` (or set "
                         f"finetune.vocab_file)")
-    vocab = [line.rstrip() for line in io.StringIO(path.read_text(encoding="utf-8"), newline=None)]
+    vocab = vocab_tokens(path.read_text(encoding="utf-8"))
     missing = [t for t in REQUIRED_TOKENS if t not in vocab]
     if missing:
         raise TextError(f"vocab file {path} lacks {', '.join(missing)}")

@@ -97,7 +97,7 @@ def document_windows(piece_ids: list[list[int]], seq_length: int, stride: int, m
 
 
 def text_windows(texts: list[str], pre, stride: int, max_windows: int) -> dict:
-    """`document_windows` for raw texts with a `pipeline.text.preprocessor.TextPreprocessor` (the whole text
+    """`document_windows` for raw texts with a `models.preprocessor.TextPreprocessor` (the whole text
     tokenized by its in-graph WordPiece tokenizer, so the first window is exactly what the
     truncating single-window model sees)."""
     return document_windows(pre.tokenize_words(list(texts)), pre.seq_length, stride, max_windows,

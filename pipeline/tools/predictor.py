@@ -45,7 +45,7 @@ class Predictor:
 
             import models.heads  # noqa: F401 - registers the task models
             import models.window_heads  # noqa: F401 - and the long-document classifier
-            from pipeline.text.preprocessor import TextPreprocessor
+            from models.preprocessor import TextPreprocessor
             from pipeline.text.vocab import read_vocab
 
             self._model = keras.models.load_model(self.paths.model_keras, compile=False)

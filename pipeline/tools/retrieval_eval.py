@@ -62,7 +62,7 @@ def ranking_metrics(scores: np.ndarray, doc_ids: list, relevant: list, ks=(1, 5,
 def load_encoder(model: str, vocab: str = "", seq_length: int = 128, lowercase: bool = True):
     """(sentence encoder with an "embedding" output, TextPreprocessor) from a semantic_search
     finetune folder, or from any .keras model holding a BERT encoder (mean pooling added)."""
-    from pipeline.text import preprocessor
+    from models import preprocessor
     from pipeline.text import vocab as vocab_lib
 
     path = Path(model)

@@ -54,8 +54,10 @@ class DynamicMasking:
     def from_vocab(cls, vocab_file: str, masked_lm_prob: float = 0.15, whole_word: bool = False,
                    seed: int = 0) -> "DynamicMasking":
         """The special ids looked up by token string in a vocab.txt (any tf.io.gfile path)."""
+        from models.tokenizer import vocab_tokens
+
         with tf.io.gfile.GFile(vocab_file, "r") as handle:
-            vocab = [line.rstrip() for line in handle]
+            vocab = vocab_tokens(handle.read())
         ids = {token: i for i, token in enumerate(vocab)}
         missing = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]") if t not in ids]
         if missing:

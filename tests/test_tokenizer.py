@@ -1,0 +1,268 @@
+"""The tokenizer contract (models/tokenizer.py) against Google's `tokenization.py` and Hugging
+Face's two BERT tokenizers, on a seeded stress corpus of every Unicode category and on the demo
+corpus; its TensorFlow twin (models/preprocessor.py) and the Beam job against the same ids.
+
+The peers, all installed from PyPI by `make setup` (requirements-test.txt):
+- Google: `bert-tensorflow` 1.0.4, google-research/bert's `tokenization.py` (`FullTokenizer`);
+- transformers' Python tokenizer (`BertTokenizerLegacy` in transformers 5, `BertTokenizer`
+  before) and its Rust one (`BertTokenizerFast`, the `tokenizers` library), both given Google's
+  word limit of 200 characters (their default is 100).
+
+Ours must give Google's ids for every string. Where Hugging Face's differ from Google's, the
+difference must be one of these listed cases (every differing string is checked to contain one,
+and every string without one must agree):
+- both delete private-use and unassigned characters (categories Co, Cn): Google keeps them;
+- the Python one composes the text (NFC) before splitting it: visible in cased vocabularies;
+- the Rust one lowercases character by character: no Greek final sigma ("ΟΔΟΣ" → "οδοσ");
+- the Rust one has its own Unicode tables: some characters are punctuation, letters, controls
+  or marks there and not in Python's `unicodedata` (found by tokenizing each character alone).
+"""
+
+from __future__ import annotations
+
+import collections
+import unicodedata
+
+import pytest
+
+from models import tokenizer as rules
+from tests import unicode_stress as stress
+
+ISSUE_EXAMPLES = {  # text: (uncased pieces), Google's and Hugging Face's
+    "a… b": ["a", "…", "b"], "ﬁne": ["ﬁ", "##ne"], "²": ["²"], "½ cup": ["½", "cup"],
+    "Straße": ["st", "##raße"], "Ⅻ": ["[UNK]"],
+}
+
+
+# ---------------------------------------------------------------------------
+# The peers
+# ---------------------------------------------------------------------------
+def google_tokenizer(vocab_file, lowercase):
+    from bert import tokenization
+
+    tokenization.FLAGS.mark_as_parsed()  # its absl flags (preserve_unused_tokens: False)
+    tokenizer = tokenization.FullTokenizer(str(vocab_file), do_lower_case=lowercase)
+    return lambda texts: [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(t)) for t in texts]
+
+
+def hf_python_tokenizer(vocab_file, lowercase):
+    import transformers
+
+    cls = getattr(transformers, "BertTokenizerLegacy", None)
+    if cls is None:
+        from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy as cls
+    tokenizer = cls(str(vocab_file), do_lower_case=lowercase)
+    tokenizer.wordpiece_tokenizer.max_input_chars_per_word = rules.MAX_WORD_CHARS
+    return lambda texts: [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(t)) for t in texts]
+
+
+def hf_rust_tokenizer(vocab, lowercase):
+    import transformers
+
+    tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)},
+                                               do_lower_case=lowercase, strip_accents=lowercase)
+    tokenizer.backend_tokenizer.model.max_input_chars_per_word = rules.MAX_WORD_CHARS
+    assert tokenizer.convert_tokens_to_ids(vocab) == list(range(len(vocab)))
+    return lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+def graph_tokenizer(vocab, lowercase):
+    import tensorflow as tf
+
+    from models.preprocessor import TokenizerLayer
+
+    layer = TokenizerLayer(vocab, lowercase=lowercase)
+    call = tf.function(layer, input_signature=[tf.TensorSpec([None], tf.string)])
+
+    def tokenize(texts):
+        out = []
+        for start in range(0, len(texts), 4096):
+            out.extend(call(tf.constant(texts[start:start + 4096])).to_list())
+        return out
+    return tokenize
+
+
+# ---------------------------------------------------------------------------
+# The listed differences of Hugging Face's tokenizers
+# ---------------------------------------------------------------------------
+def _other(text):
+    return any(unicodedata.category(c) in ("Co", "Cn") for c in text)
+
+
+def _nfc_matters(text):
+    cleaned = "".join(c for c in text if unicodedata.category(c)[0] != "C" or c in "\t\n\r")
+    return unicodedata.normalize("NFC", cleaned) != cleaned
+
+
+def rust_table_characters(chars, vocab, lowercase, google):
+    """Characters the Rust tokenizer treats otherwise than Google when alone or inside a word."""
+    rust = hf_rust_tokenizer(vocab, lowercase)
+    probes = [(c, p) for c in chars if not _other(c) for p in (c, f"a{c}b")]
+    texts = [p for _, p in probes]
+    return {c for (c, _), a, b in zip(probes, google(texts), rust(texts)) if a != b}
+
+
+def explain(text, lowercase, peer, table_chars):
+    """The listed cases a string triggers for a peer (empty: it must agree with Google)."""
+    cases = []
+    if _other(text):
+        cases.append("deletes Co/Cn")
+    if peer == "python" and not lowercase and _nfc_matters(text):
+        cases.append("NFC")
+    if peer == "rust" and lowercase and "Σ" in text:
+        cases.append("no final sigma")
+    if peer == "rust" and any(c in table_chars for c in text):
+        cases.append("Unicode tables")
+    return cases
+
+
+# ---------------------------------------------------------------------------
+# Corpora
+# ---------------------------------------------------------------------------
+def stress_setup(tmp_path, n):
+    corpus = stress.stress_corpus(n, seed=0)
+    words_cased = [w for t in corpus for w in rules.basic_words(t, False)]
+    words_uncased = [w for t in corpus for w in rules.basic_words(t, True)]
+    vocab = stress.stress_vocab(words_cased, words_uncased)
+    vocab_file = tmp_path / "vocab.txt"
+    vocab_file.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    return corpus, vocab, vocab_file
+
+
+def compare_all(corpus, vocab, vocab_file, lowercase, hf_python=True):
+    """{peer: [indices of strings whose ids differ from Google's]}, checked against the list."""
+    google = google_tokenizer(vocab_file, lowercase)
+    expected = google(corpus)
+    got = {
+        "ours": rules.Tokenizer(vocab, lowercase).tokenize(corpus),
+        "ours, in-graph": graph_tokenizer(vocab, lowercase)(corpus),
+        "rust": hf_rust_tokenizer(vocab, lowercase)(corpus),
+    }
+    if hf_python:
+        got["python"] = hf_python_tokenizer(vocab_file, lowercase)(corpus)
+    assert sum(map(len, expected)) > 5 * len(corpus)  # the vocab splits words into pieces
+    assert sum(i == vocab.index("[UNK]") for ids in expected for i in ids) < 0.2 * sum(
+        map(len, expected))
+    table_chars = rust_table_characters(sorted({c for t in corpus for c in t}), vocab, lowercase,
+                                        google)
+    differ = {}
+    for peer, ids in got.items():
+        differ[peer] = [i for i, (a, b) in enumerate(zip(ids, expected)) if a != b]
+        shown = [(corpus[i], ids[i], expected[i]) for i in differ[peer][:3]]
+        if peer.startswith("ours"):
+            assert not differ[peer], f"{peer}: {len(differ[peer])} strings differ: {shown}"
+            continue
+        unexplained = [i for i in differ[peer]
+                       if not explain(corpus[i], lowercase, peer, table_chars)]
+        assert not unexplained, (peer, [corpus[i] for i in unexplained[:5]])
+        cases = collections.Counter(c for i in differ[peer]
+                                    for c in explain(corpus[i], lowercase, peer, table_chars))
+        print(f"{peer} lowercase={lowercase}: {len(differ[peer])} of {len(corpus)} differ; "
+              f"cases {dict(cases)}")
+    if table_chars:
+        kinds = collections.Counter(unicodedata.category(c) for c in table_chars)
+        print(f"Rust table characters (lowercase={lowercase}): {len(table_chars)}, by category "
+              f"{dict(kinds.most_common())}, e.g. {sorted(table_chars)[:12]}")
+    return differ
+
+
+# ---------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------
+def test_issue_examples_follow_google(tmp_path):
+    vocab = stress.SPECIALS + ["a", "…", "b", "ﬁ", "##ne", "²", "½", "cup", "st", "##raße",
+                               "fine", "2", "1", "xii", "##ras", "##se", "..."]
+    vocab_file = tmp_path / "vocab.txt"
+    vocab_file.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    texts = list(ISSUE_EXAMPLES)
+    expected = [[vocab.index(p) for p in pieces] for pieces in ISSUE_EXAMPLES.values()]
+    assert google_tokenizer(vocab_file, True)(texts) == expected
+    assert rules.Tokenizer(vocab, True).tokenize(texts) == expected
+    assert graph_tokenizer(vocab, True)(texts) == expected
+    assert hf_rust_tokenizer(vocab, True)(texts) == expected
+
+
+def test_rules_edge_cases():
+    assert rules.basic_words("ΑΣ.Α ΟΔΟΣ ΑΣ'Σ", True) == ["ασ", ".", "α", "οδος", "ασ", "'", "ς"]
+    assert rules.basic_words("a\x1cb\u200bc\x00d e\u2028f\u3000g", False) == ["abcd", "e", "f",
+                                                                                 "g"]
+    assert rules.basic_words("İstanbul a≠b 中文x", True) == ["istanbul", "a", "=", "b", "中",
+                                                             "文", "x"]
+    index = {"[UNK]": 0, "a": 1, "##a": 2}
+    assert rules.wordpiece("a" * 200, index, 0) == [1] + [2] * 199
+    assert rules.wordpiece("a" * 201, index, 0) == [0]
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_stress_corpus_small(tmp_path, lowercase):
+    corpus, vocab, vocab_file = stress_setup(tmp_path, 5_000)
+    compare_all(corpus, vocab, vocab_file, lowercase)
+
+
+@pytest.mark.slow
+def test_stress_corpus_100k_cased_and_uncased(tmp_path):
+    corpus, vocab, vocab_file = stress_setup(tmp_path, 100_000)
+    assert len(corpus) >= 100_000 - 50
+    for lowercase in (True, False):
+        compare_all(corpus, vocab, vocab_file, lowercase)
+
+
+def _demo(tmp_path, lowercase, sentences, hf_python=True):
+    from beam_jobs.vocab import learn_wordpiece
+    from pipeline import artifacts
+    from pipeline.text.sources import read_brown
+
+    if not artifacts.BROWN_TARBALL.is_file():
+        pytest.fail(f"{artifacts.BROWN_TARBALL} missing: run `make setup` first")
+    lines = [s for _, doc in read_brown(artifacts.BROWN_TARBALL) for s in doc][:sentences]
+    counts = collections.Counter(w for line in lines for w in rules.basic_words(line, lowercase))
+    vocab = learn_wordpiece(counts.items(), vocab_size=4000)
+    vocab_file = tmp_path / "vocab.txt"
+    vocab_file.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    differ = compare_all(lines, vocab, vocab_file, lowercase, hf_python)
+    assert not any(differ.values())  # the demo corpus has none of the listed cases
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_demo_corpus_sample(tmp_path, lowercase):
+    _demo(tmp_path, lowercase, 3_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_demo_corpus_whole(tmp_path, lowercase):
+    """All 57,340 sentences; Hugging Face's Python tokenizer only on the sample (it is the
+    slowest peer, and Google's own code is here)."""
+    _demo(tmp_path, lowercase, 10**9, hf_python=False)
+
+
+def test_special_tokens_in_strings(tmp_path):
+    """Rule 6 (the inspection tools): literal [MASK] etc. are their tokens, as in Hugging Face."""
+    vocab = stress.SPECIALS + ["hello", "world", "[", "mask", "]", "ας", "ασ", "."]
+    texts = ["Hello [MASK] world [SEP] [CLS]", "[mask] [MASK][MASK]", "ΑΣ[MASK] ΑΣ.[MASK]"]
+    ours = rules.Tokenizer(vocab, True, special_tokens_in_strings=True).tokenize(texts)
+    from models.preprocessor import TokenizerLayer
+
+    graph = TokenizerLayer(vocab, lowercase=True, special_tokens_in_strings=True)(texts)
+    assert graph.to_list() == ours
+    vocab_file = tmp_path / "vocab.txt"
+    vocab_file.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    assert ours == hf_python_tokenizer(vocab_file, True)(texts)
+    assert ours[1] == [vocab.index(t) for t in ["[", "mask", "]", "[MASK]", "[MASK]"]]
+
+
+def test_beam_job_tokenizes_by_the_contract(tmp_path):
+    """The data job's DoFn (setup from the vocab file, as on a worker) gives Google's ids."""
+    import apache_beam as beam
+
+    from beam_jobs import transforms
+
+    corpus, vocab, vocab_file = stress_setup(tmp_path, 2_000)
+    expected = google_tokenizer(vocab_file, True)(corpus)
+    fn = transforms.TokenizeDocumentsFn(str(vocab_file), True)
+    fn.setup()
+    documents = [((f"doc{i}", 0), [text]) for i, text in enumerate(corpus)]
+    out = dict(item for item in fn.process(documents)
+               if not isinstance(item, beam.pvalue.TaggedOutput))
+    assert {doc_id: sentences[0] for doc_id, sentences in out.items()} == {
+        (f"doc{i}", 0): ids for i, ids in enumerate(expected) if ids}
