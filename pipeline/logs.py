@@ -33,6 +33,19 @@ class _Current(logging.StreamHandler):
         pass
 
 
+FILE_ONLY = {"file_only": True}  # `extra=` for a record the console should not show
+
+
+class _NotFileOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "file_only", False)
+
+
+def to_file(message: str) -> None:
+    """A line for the log file only (a traceback behind a one-line console message)."""
+    logging.getLogger(NAME).info(message, extra=FILE_ONLY)
+
+
 class _NotOurs(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.name.startswith(NAME)
@@ -51,6 +64,7 @@ def setup(log_file: Path) -> logging.Logger:
     to_file.setLevel(logging.INFO)
     to_console = _Current("stdout")
     to_console.setFormatter(logging.Formatter("%(message)s"))
+    to_console.addFilter(_NotFileOnly())
     others = _Current("stderr")  # what Python's last-resort handler printed
     others.setLevel(logging.WARNING)
     others.addFilter(_NotOurs())

@@ -75,7 +75,7 @@ def start(mode, run_dir, extra_env=None, extra_args=()):
     return subprocess.Popen(
         [sys.executable, "-c", DRIVER, mode, str(run_dir), *ARGS, *extra_args,
          *(["train.strategy=multi_worker"] if mode == "multi_worker" else []),
-         *(["train.strategy=mirrored"] if mode == "mirrored" else [])],
+         *(["train.strategy=mirrored", "train.allow_cpu=true"] if mode == "mirrored" else [])],
         cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

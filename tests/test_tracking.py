@@ -93,6 +93,52 @@ def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypa
     assert open(local).read() == (tmp_path / "run" / "vocab" / "vocab.txt").read_text()
 
 
+@pytest.mark.slow
+def test_training_runs_where_reviewers_look(mlflow_server, monkeypatch, tmp_path, corpus_dir):
+    """Through a server's REST API: a model-training experiment (the UI opens on its runs),
+    system metrics on the training stage, the pretrained encoder logged as an MLflow model and
+    registered, and fine-tuning able to start from it by its models:/ URI."""
+    import pandas as pd
+
+    from pipeline import cli
+    from pipeline import config as config_lib
+    from pipeline.finetuning import task_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
+    overrides = [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",
+                 "tracking.experiment=review", "tracking.register_encoder=true", "train.steps=30"]
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *overrides]) == 0
+
+    def call(path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/{path}", data=data,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    experiment = call("experiments/get-by-name?experiment_name=review")["experiment"]
+    kinds = {t["key"]: t["value"] for t in experiment.get("tags", [])}
+    assert kinds["mlflow.experimentKind"] == "custom_model_development"
+    runs = call("runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+    pretrain = next(r for r in runs if {"key": "pipeline.stage", "value": "pretrain"}
+                    in r["data"].get("tags", []))
+    metrics = {m["key"] for m in pretrain["data"].get("metrics", [])}
+    assert any(k.startswith("system/cpu") for k in metrics), sorted(metrics)
+    model = call("registered-models/get?name=bert-encoder-run")["registered_model"]
+    assert model["latest_versions"][0]["version"] == "1"
+
+    encoder = mlflow.pyfunc.load_model("models:/bert-encoder-run/1")
+    out = encoder.predict(pd.DataFrame({"text": ["the cat sat", "a dog ran"]}))
+    assert len(out) == 2 and len(out["embedding"][0]) == 32  # hidden_dim of test_tiny
+
+    config = config_lib.load("configs/test_tiny.yaml", [
+        *overrides, "finetune.init_from=models:/bert-encoder-run/1"])
+    model_path, vocab = task_model.resolve_init(config)
+    assert model_path.suffix == ".keras" and task_model.load_backbone(model_path) is not None
+    assert vocab.read_text() == (tmp_path / "run" / "vocab" / "vocab.txt").read_text()
+
+
 def test_default_store_is_sqlite_in_the_project(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = tracking.tracking_uri(config_lib.load(None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -10,15 +11,37 @@ from pipeline.config.sections import Config, ConfigError, _build
 from pipeline.config.validation import validate
 
 
+def config_dirs() -> list[Path]:
+    """Where shipped configs are: the checkout's configs/, or the installed package's copy."""
+    return [Path(__file__).resolve().parents[2] / "configs",
+            Path(sys.prefix) / "share" / "bert-pipeline" / "configs"]
+
+
+def shipped_configs() -> list[str]:
+    return sorted({p.stem for folder in config_dirs() if folder.is_dir()
+                   for p in folder.glob("*.yaml")})
+
+
+def find_config(name: str | Path) -> Path:
+    """A config file by path, or a shipped config by name ("pretrain_tiny", or a path such as
+    "configs/pretrain_tiny.yaml" that does not exist here but names a shipped one)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    file_name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    for folder in config_dirs():
+        if (folder / file_name).is_file():
+            return folder / file_name
+    raise ConfigError(f"config file {name} not found; pass an existing YAML file with --config, "
+                      f"or the name of a shipped one: {', '.join(shipped_configs())}")
+
+
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Reads a YAML config file (or the defaults), applies `key=value` overrides, validates."""
     source = str(path) if path else "<defaults>"
     raw: dict = {}
     if path:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} not found; pass an existing file with --config "
-                              f"(see configs/)")
+        path = find_config(path)
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:

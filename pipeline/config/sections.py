@@ -126,6 +126,10 @@ class TrainConfig:
     # default | one_device | mirrored (all local GPUs, else all logical CPU devices) |
     # multi_worker (cluster from $TF_CONFIG; run the same command on every worker) | tpu
     strategy: str = "default"
+    # one_device / mirrored with no GPU visible: an error (the GPU build is missing or no GPU is
+    # exposed: README, GPU), unless true: then one_device runs on the CPU, mirrored over the
+    # logical CPU devices.
+    allow_cpu: bool = False
     tpu: str = ""
     # The global batch of one forward/backward pass, split evenly across all replicas of all
     # workers (it must divide by their number). With grad_accum_steps = k every optimizer
@@ -164,6 +168,10 @@ class TrainConfig:
     # `heldout_batches` held-out batches (0 = all), logged as heldout_mlm_accuracy with the
     # training seconds; time_to_mlm_acc_<level> when it first reaches 0.2, 0.3, ...
     heldout_every: int = 100
+    # Stop after this many training seconds in all (0 = no limit; resumed runs count their
+    # earlier seconds), then checkpoint, probe the held-out accuracy, evaluate and export as
+    # after the last step: pretraining for a wall-clock budget (make bench-quality uses it).
+    max_seconds: float = 0.0
     heldout_batches: int = 8
     shuffle_buffer: int = 10_000
     seed: int = 12345
@@ -193,6 +201,11 @@ class TrackingConfig:
     experiment: str = "bert-pipeline"
     # Empty: $MLFLOW_TRACKING_URI if set, else a SQLite file in the project.
     tracking_uri: str = ""
+    # The pretrain stage logs its model as an MLflow model (pyfunc: text -> embedding, with
+    # model.keras and vocab.txt inside) and registers it under this name; empty:
+    # bert-encoder-<run directory name>. finetune.init_from takes models:/<name>@<alias>.
+    register_encoder: bool = True
+    encoder_name: str = ""
 
 
 @dataclass
@@ -269,7 +282,7 @@ class FinetuneConfig:
     # Log the raw-text SavedModel to MLflow as a model and register it (the files in
     # <run_dir>/finetune/<name>/ are written either way).
     register_model: bool = True
-    registered_model: str = ""  # MLflow model registry name; empty: bert-<name>
+    registered_model: str = ""  # MLflow model registry name; empty: bert-<name>, "_" as "-"
     # `make sweep` grid: "key=v1,v2" items over finetune keys, e.g. ["learning_rate=1e-4,3e-4"].
     sweep: list = field(default_factory=list)
 

@@ -30,7 +30,7 @@ def teacher_folder(config: Config) -> Path:
     folder = Path(config.distill.teacher) if config.distill.teacher else \
         Artifacts(config.run_dir).finetune("brown_genre").dir
     if not folder.is_absolute() and not folder.exists():
-        folder = artifacts.PROJECT_ROOT / folder
+        folder = artifacts.RUN_ROOT / folder
     paths = FinetuneArtifacts(folder)
     for path in (paths.model_keras, paths.task_json, paths.vocab_file, paths.config):
         if not path.is_file():
@@ -53,7 +53,7 @@ def student_finetune_config(config: Config, teacher_fc, teacher: Path, name: str
         epochs=dc.epochs, max_steps=dc.max_steps, warmup_fraction=dc.warmup_fraction,
         weight_decay=dc.weight_decay, seed=dc.seed, freeze="none", baselines=False,
         init_from=str(paths.model_keras), vocab_file=str(paths.vocab_file),
-        register_model=dc.register_model, registered_model=f"bert-{name}", sweep=[])
+        register_model=dc.register_model, registered_model="bert-" + name.replace("_", "-"), sweep=[])
 
 
 def examples_per_second(model, x: dict, batch_size: int, repeats: int = 3) -> float:

@@ -21,6 +21,12 @@ from pipeline.finetuning.evaluation import confusion_matrix_png
 from pipeline.finetuning.task_model import output_name, predict_outputs, resolve_init, windowed
 
 
+def registered_name(fc) -> str:
+    """The model registry name: `finetune.registered_model`, else bert-<finetune.name> with
+    dashes (a task named polarity registers as bert-polarity, brown_genre as bert-brown-genre)."""
+    return fc.registered_model or "bert-" + output_name(fc).replace("_", "-")
+
+
 def _report(results: dict, data: readers.TaskData, log) -> None:
     keys = [k for k, v in results["test"].items() if isinstance(v, float)]
     keys = sorted(keys, key=lambda k: (k != data.metric, k))[:4]
@@ -108,7 +114,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
             mlflow.log_artifact(str(path), "finetune")
     mlflow.log_artifact(str(paths.model_keras), "finetune")
     if task in export.SERVING_TASKS and fc.register_model:
-        name = fc.registered_model or f"bert-{output_name(fc)}"
+        name = registered_name(fc)
         uri, version = mlflow_model.log_to_mlflow(paths.dir, info, name)
         mlflow.set_tags({"finetune.model_uri": uri, "finetune.registered_model": name})
         log(f"finetune: logged the raw-text model to MLflow ({uri}), registered as {name!r} "

@@ -38,10 +38,27 @@ def output_name(fc) -> str:
 # ---------------------------------------------------------------------------
 # The pretrained encoder and its vocab
 # ---------------------------------------------------------------------------
+def _safe_name(uri: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in uri)
+
+
 def resolve_init(config: Config) -> tuple[Path, Path]:
     """(the .keras file to start from, the vocab.txt that goes with it)."""
     paths = Artifacts(config.run_dir)
     fc = config.finetune
+    if fc.init_from.startswith(("models:/", "runs:/")):  # a model in the MLflow store
+        from pipeline.serving.mlflow_model import download_model_files
+
+        try:
+            model_path, vocab = download_model_files(
+                fc.init_from, paths.root / "downloads" / _safe_name(fc.init_from))
+        except Exception as err:  # noqa: BLE001 - MLflow raises several kinds
+            raise FinetuneError(f"finetune.init_from = {fc.init_from!r}: cannot fetch it from "
+                                f"the MLflow store ({err}); give a registered model "
+                                f"(models:/<name>@<alias> or models:/<name>/<version>) or a "
+                                f"run's artifact (runs:/<run id>/model/model.keras)") from err
+        return model_path, Path(fc.vocab_file) if fc.vocab_file else (
+            vocab or artifacts.require(paths.vocab_file, "the vocab", "vocab"))
     if fc.init_from:
         model_path = Path(fc.init_from)
         if not model_path.is_file() or model_path.suffix != ".keras":

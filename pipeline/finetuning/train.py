@@ -72,7 +72,8 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     model_path, vocab_path = resolve_init(config)
     vocab = vocab_lib.read_vocab(vocab_path)
     lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
-    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu)
+    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
+                                         config.train.allow_cpu)
     with strategy.scope():
         backbone = load_backbone(model_path)
     if backbone.vocabulary_size != len(vocab):

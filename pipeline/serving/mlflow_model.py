@@ -86,3 +86,92 @@ def log_to_mlflow(folder, task_info: dict, registered_model: str = "") -> tuple[
         pyfunc_logger.setLevel(level)
     version = getattr(info, "registered_model_version", None)
     return info.model_uri, str(version) if version else ""
+
+
+# ---------------------------------------------------------------------------
+# The pretrained encoder as an MLflow model
+# ---------------------------------------------------------------------------
+class EncoderModel(mlflow.pyfunc.PythonModel):
+    """MLflow pyfunc over the pretrain stage's model: a DataFrame with a "text" column in, an
+    "embedding" column out (the encoder's pooled [CLS] output). Its artifacts, `model.keras` and
+    `vocab.txt` (+ `vocab.json`), are what `finetune.init_from = models:/<name>@<alias>` starts
+    from."""
+
+    def load_context(self, context):
+        import json as json_lib
+
+        import keras
+
+        from models.preprocessor import TextPreprocessor
+        from models.tokenizer import vocab_tokens
+
+        vocab_file = Path(context.artifacts["vocab"])
+        meta = context.artifacts.get("vocab_meta")
+        lowercase = (json_lib.loads(Path(meta).read_text()).get("lowercase", True)
+                     if meta else True)
+        with warnings.catch_warnings():  # the pretrainer's optimizer state is not needed here
+            warnings.filterwarnings("ignore", message=".*Skipping variable loading.*")
+            model = keras.models.load_model(context.artifacts["model_keras"], compile=False)
+        self.backbone = getattr(model, "backbone", model)
+        self.pre = TextPreprocessor(vocab_tokens(vocab_file.read_text(encoding="utf-8")),
+                                    lowercase, int(self.backbone.max_sequence_length))
+
+    def predict(self, context, model_input: "pd.DataFrame",
+                params: dict | None = None) -> "pd.DataFrame":
+        import numpy as np
+        import pandas as pd
+
+        features = self.pre.features(model_input["text"].astype(str).tolist())
+        out = self.backbone.predict(features, verbose=0)
+        return pd.DataFrame({"embedding": list(np.asarray(out["pooled_output"], np.float32))})
+
+
+def log_encoder(model_keras, vocab_file, registered_model: str = "") -> tuple[str, str]:
+    """Logs the pretrained model as an MLflow pyfunc (EncoderModel, with a signature and an
+    input example) and registers it; returns (model URI, registered version or "")."""
+    import importlib.metadata as md
+
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema, TensorSpec
+
+    vocab_file = Path(vocab_file)
+    artifacts = {"model_keras": str(model_keras), "vocab": str(vocab_file)}
+    if vocab_file.with_name("vocab.json").is_file():
+        artifacts["vocab_meta"] = str(vocab_file.with_name("vocab.json"))
+    requirements = [f"{p}=={md.version(p)}" for p in
+                    ("tensorflow", "tensorflow-text", "keras", "keras-hub", "mlflow", "pandas")]
+    import numpy as np
+
+    signature = ModelSignature(inputs=Schema([ColSpec("string", "text")]),
+                               outputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1),
+                                                          "embedding")]))
+    pyfunc_logger = logging.getLogger("mlflow.pyfunc")
+    level = pyfunc_logger.level
+    pyfunc_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module="mlflow")
+            info = mlflow.pyfunc.log_model(
+                name="encoder", python_model=EncoderModel(), artifacts=artifacts,
+                signature=signature, pip_requirements=requirements,
+                input_example=pd.DataFrame({"text": ["The jury said the election was fair."]}),
+                registered_model_name=registered_model or None)
+    finally:
+        pyfunc_logger.setLevel(level)
+    version = getattr(info, "registered_model_version", None)
+    return info.model_uri, str(version) if version else ""
+
+
+def download_model_files(uri: str, dest: Path) -> tuple[Path, Path | None]:
+    """(model.keras, vocab.txt or None) of an MLflow model or run artifact URI (models:/…,
+    runs:/…), downloaded under `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest)))
+    if local.is_file() and local.suffix == ".keras":
+        vocab = local.parent / "vocab.txt"
+        return local, vocab if vocab.is_file() else None
+    kerases = sorted(local.rglob("model.keras")) or sorted(local.rglob("*.keras"))
+    if not kerases:
+        raise FileNotFoundError(f"{uri} holds no .keras model (downloaded to {local})")
+    vocabs = sorted(local.rglob("vocab.txt"))
+    return kerases[0], vocabs[0] if vocabs else None

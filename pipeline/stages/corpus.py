@@ -38,7 +38,7 @@ def run(config: Config, log=print) -> dict:
     skipped: dict = {}
     if cc.source == "brown":
         sources = [artifacts.BROWN_TARBALL]
-        documents = read_brown(artifacts.BROWN_TARBALL)
+        documents = read_brown(artifacts.BROWN_TARBALL, fetch=True)  # downloaded if missing
     else:
         sources = expand_globs(cc.path)
         if not sources:

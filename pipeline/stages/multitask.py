@@ -72,7 +72,8 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
 
     tasks = load_tasks(config, pre_for, log)
     steps = mc.steps or default_steps(tasks, fc)
-    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu)
+    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
+                                         config.train.allow_cpu)
 
     def fresh_backbone():
         with strategy.scope():

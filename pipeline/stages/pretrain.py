@@ -44,6 +44,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
+from pipeline.serving import mlflow_model
 from pipeline.serving.export import export
 from pipeline.tracking import runs as tracking
 from pipeline.training import strategy as strategy_lib
@@ -66,7 +67,7 @@ def run(config: Config, log=print) -> dict:
     phases = plan_phases(config, paths)
     vocabulary_size, stats = check_inputs(config, paths)
     keras.utils.set_random_seed(tc.seed)
-    strategy = strategy_lib.make_strategy(tc.strategy, tc.tpu)
+    strategy = strategy_lib.make_strategy(tc.strategy, tc.tpu, tc.allow_cpu)
     for phase in phases:
         try:
             strategy_lib.per_replica_batch(phase.config.train.batch_size, strategy)
@@ -140,6 +141,12 @@ def run(config: Config, log=print) -> dict:
                 mlflow.log_artifact(str(paths.heldout_curve), "pretrain")
             mlflow.log_artifact(str(paths.model_keras), "model")
             mlflow.log_artifacts(str(paths.saved_model), "model/saved_model")
+            if config.tracking.register_encoder:
+                name = config.tracking.encoder_name or f"bert-encoder-{paths.root.name}"
+                uri, version = mlflow_model.log_encoder(paths.model_keras, paths.vocab_file, name)
+                log(f"pretrain: the encoder is MLflow model {uri}, registered as {name!r} "
+                    f"version {version} (fine-tune from it: finetune.init_from=models:/{name}/"
+                    f"{version})")
             review_plots(model, config, paths, history, log)
     return {"parameters": outcome["parameters"], "start_step": outcome["start_step"],
             "weights_sha256": digest, "history": history,

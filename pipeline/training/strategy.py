@@ -26,9 +26,16 @@ class StrategyError(ValueError):
     pass
 
 
-def make_strategy(name: str, tpu: str = "") -> tf.distribute.Strategy:
+def make_strategy(name: str, tpu: str = "", allow_cpu: bool = False) -> tf.distribute.Strategy:
     if name == "default":
         return tf.distribute.get_strategy()
+    if name in ("one_device", "mirrored") and not tf.config.list_logical_devices("GPU"):
+        if not allow_cpu:
+            built = "with" if tf.test.is_built_with_cuda() else "without"
+            raise StrategyError(
+                f"train.strategy = {name!r} is for GPUs, but TensorFlow (built {built} CUDA) sees "
+                f"none; install the GPU build (`make setup GPU=1`, README: GPU) and check the "
+                f"driver (nvidia-smi), or set train.allow_cpu=true to run it on the CPU")
     if name == "one_device":
         gpus = tf.config.list_logical_devices("GPU")
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")

@@ -1,0 +1,187 @@
+"""Install and deploy as written: the package and its `bert-pipeline` command outside the
+checkout, the scheduling recipes of deploy/ run with the command lines they hold, the
+container images' Dockerfiles checked against the project."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import artifacts
+
+PROJECT = artifacts.PROJECT_ROOT
+DEPLOY = PROJECT / "deploy"
+
+
+def _env(**extra):
+    """A child environment without the checkout on PYTHONPATH (make test exports it) and
+    without a tracking URI an earlier in-process test left (mlflow.set_tracking_uri sets it)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "BERT_PIPELINE_ROOT", "MLFLOW_TRACKING_URI")}
+    return {**env, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A venv outside the checkout with the project's wheel installed (its dependencies come
+    from this venv through a .pth file, so nothing is downloaded)."""
+    root = tmp_path_factory.mktemp("install")
+    source = root / "src"  # a copy of the tracked files: the build writes build/ and egg-info
+    tracked = subprocess.run(["git", "ls-files"], cwd=PROJECT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for name in tracked:
+        if (PROJECT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(PROJECT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "-w", str(root / "dist"), str(source)],
+                   check=True, env=_env(), timeout=300, capture_output=True)
+    wheel = next((root / "dist").glob("bert_pipeline-*.whl"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                    "install", "--quiet", "--no-deps", str(wheel)],
+                   check=True, env=_env(), timeout=300, capture_output=True)
+    return venv
+
+
+@pytest.mark.slow
+def test_installed_command_runs_outside_the_checkout(installed, tmp_path, corpus_dir):
+    command = str(installed / "bin" / "bert-pipeline")
+    work = tmp_path / "work"
+    work.mkdir()
+    help_text = subprocess.run([command, "--help"], cwd=work, env=_env(), capture_output=True,
+                               text=True, timeout=120)
+    assert help_text.returncode == 0 and "bert-pipeline" in help_text.stdout
+    # The installed code, not the checkout's, and shipped configs by name.
+    where = subprocess.run([str(installed / "bin" / "python"), "-c",
+                            "import pipeline; print(pipeline.__file__)"], cwd=work, env=_env(),
+                           capture_output=True, text=True, check=True).stdout
+    assert str(installed) in where and str(PROJECT) not in where
+    run = subprocess.run([command, "all", "--config", "test_tiny",
+                          f"corpus.path={corpus_dir}/*.txt"], cwd=work, env=_env(),
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (work / "runs" / "test" / "pretrain" / "model.keras").is_file()
+    assert (work / "mlflow.db").is_file()  # the store where it ran, not beside the package
+    # --run-root, and the demo corpus downloaded when it is missing (here from a file:// copy).
+    other = tmp_path / "other"
+    corpus = subprocess.run([command, "corpus", "--config", "pretrain_tiny", "--run-root",
+                             str(other)], cwd=work, capture_output=True, text=True, timeout=300,
+                            env=_env(BERT_PIPELINE_BROWN_URL=artifacts.BROWN_TARBALL.as_uri()))
+    assert corpus.returncode == 0, corpus.stderr[-3000:]
+    assert (other / "data" / "downloads" / artifacts.BROWN_TARBALL.name).is_file()
+    assert list((other / "runs" / "default" / "corpus" / "train").glob("*.txt"))
+    missing = subprocess.run([command, "corpus", "--config", "no_such_config"], cwd=work,
+                             env=_env(), capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "pretrain_tiny" in missing.stderr
+
+
+# ---------------------------------------------------------------------------
+# deploy/: the recipes, with the command lines they hold
+# ---------------------------------------------------------------------------
+def _recipe_env(tmp_path, corpus_dir):
+    """What the recipes leave to their environment: the stages and overrides of a tiny run."""
+    return _env(STAGES="corpus vocab", BERT_PIPELINE_ROOT=str(tmp_path / "state"),
+                ARGS=f"corpus.path={corpus_dir}/*.txt")
+
+
+def _local(text: str) -> str:
+    """A recipe's path to the checkout (/opt/bert-pipeline) made this checkout."""
+    return text.replace("/opt/bert-pipeline", str(PROJECT))
+
+
+def _tiny(command: str) -> str:
+    """The recipe's command made local, its nightly config the tiny test config."""
+    assert "configs/nightly.yaml" in command
+    return _local(command).replace("configs/nightly.yaml", "configs/test_tiny.yaml")
+
+
+def test_the_config_the_recipes_name_exists():
+    from pipeline import config as config_lib
+
+    named = {m for f in DEPLOY.rglob("*") if f.is_file()
+             for m in re.findall(r"configs/[\w.-]+\.yaml", f.read_text(errors="replace"))}
+    assert "configs/nightly.yaml" in named
+    for name in named:
+        config_lib.load(PROJECT / name)
+
+
+@pytest.mark.slow
+def test_recipes_run_as_written(tmp_path, corpus_dir):
+    env = _recipe_env(tmp_path, corpus_dir)
+
+    # cron: the line after the five schedule fields; silent unless a real failure.
+    line = next(x for x in (DEPLOY / "crontab.example").read_text().splitlines()
+                if x.strip() and not x.startswith("#"))
+    cron = _tiny(line.split(None, 5)[5])
+    for _ in range(2):  # ran, then nothing to do (exit 3): both silent
+        done = subprocess.run(["bash", "-c", cron], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+    # systemd: a non-root user, the network wanted, 3 and 4 counted as success.
+    unit = (DEPLOY / "systemd" / "bert-pipeline.service").read_text()
+    keys = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+    assert keys["User"] not in ("", "root") and keys["Wants"] == "network-online.target"
+    assert set(keys["SuccessExitStatus"].split()) == {"3", "4"}
+    unit_env = dict(item.split("=", 1) for item in shlex.split(keys["Environment"]))
+    service = subprocess.run(shlex.split(_local(keys["ExecStart"])),
+                             cwd=_local(keys["WorkingDirectory"]),
+                             env={**env, "CONFIG": _tiny(unit_env["CONFIG"])},
+                             capture_output=True, text=True, timeout=600)
+    assert service.returncode in {0, 3, 4}, service.stderr[-2000:]
+
+    # Kubernetes: the container's command and env, resources, the state on a volume.
+    job = yaml.safe_load((DEPLOY / "k8s-cronjob.yaml").read_text())
+    pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"][
+        "memory"]
+    container_env = {e["name"]: e["value"] for e in container["env"]}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert container_env["BERT_PIPELINE_ROOT"] in mounts  # runs/ and the MLflow store persist
+    assert "make setup" not in " ".join(container["command"])
+    k8s_env = {**env, "CONFIG": _tiny(container_env["CONFIG"])}
+    for _ in range(2):  # the wrapper turns 3 (nothing to do) into success
+        pod_run = subprocess.run(container["command"], env=k8s_env, capture_output=True,
+                                 text=True, timeout=600, cwd=_local(container["workingDir"]))
+        assert pod_run.returncode == 0, pod_run.stderr[-2000:]
+    policy = job["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    assert any(r["action"] == "FailJob" and 2 in r["onExitCodes"]["values"] for r in policy)
+
+
+def test_dockerfiles_match_the_project():
+    from pipeline import cli
+
+    makefile = (PROJECT / "Makefile").read_text()
+    for name in ("Dockerfile", "Dockerfile.gpu"):
+        text = (DEPLOY / name).read_text()
+        for line in re.findall(r"^COPY (.+)$", text, re.M):
+            for source in line.split()[:-1]:
+                assert (PROJECT / source).exists(), (name, source)
+        # The venv is built with the same install line as `make setup`.
+        assert "pip install --quiet -r requirements.lock" in text
+        assert "$(VENV)/bin/pip install --quiet -r requirements.lock" in makefile
+        entry = yaml.safe_load(re.search(r"^ENTRYPOINT (.+)$", text, re.M).group(1))
+        command = yaml.safe_load(re.search(r"^CMD (.+)$", text, re.M).group(1))
+        assert entry == ["bert-pipeline"]
+        assert 'bert-pipeline = "pipeline.cli:main"' in (PROJECT / "pyproject.toml").read_text()
+        assert command[0] in cli.STAGES + cli.EXTRA_STAGES + ("all",)
+        config = command[command.index("--config") + 1]
+        assert (PROJECT / "configs" / f"{config}.yaml").is_file()
+    gpu = (DEPLOY / "Dockerfile.gpu").read_text()
+    assert "requirements-gpu.txt" in gpu and (PROJECT / "requirements-gpu.txt").is_file()
