@@ -392,3 +392,38 @@ def test_heldout_probe_records_time_to_accuracy():
     assert set(probe.reached) == {0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.72, 0.8, 0.9}
     assert probe.reached[0.2] == seconds[1] and probe.reached[0.9] == seconds[4]
     assert any("reached 0.5 at step 6" in line for line in lines)
+
+
+def test_gpu_strategies_without_a_gpu_name_the_fix():
+    import tensorflow as tf
+
+    from pipeline.training import strategy as strategy_lib
+
+    if tf.config.list_logical_devices("GPU"):  # a GPU machine: the strategies use it
+        assert "GPU" in strategy_lib.make_strategy("one_device").extended.worker_devices[0]
+        return
+    for name in ("one_device", "mirrored"):
+        with pytest.raises(strategy_lib.StrategyError, match="make setup GPU=1.*allow_cpu=true"):
+            strategy_lib.make_strategy(name)
+    assert strategy_lib.make_strategy("one_device", allow_cpu=True).num_replicas_in_sync == 1
+
+
+def test_max_seconds_stops_training_then_probes_evaluates_and_stays_stopped(tmp_path,
+                                                                          monkeypatch):
+    no_export(monkeypatch)
+    write_pretraining_data(tmp_path / "run")
+    paths = artifacts.Artifacts(tmp_path / "run")
+    config = tiny_config(tmp_path / "run", "train.steps=100000", "train.checkpoint_every=50",
+                         "train.heldout_every=1000", "train.max_seconds=3")
+    lines = []
+    result = pretrain.run(config, log=lines.append)
+    assert 1 <= result["step"] < 100000 and "eval_mlm_accuracy" in result
+    assert any("stopped at step" in line and "train.max_seconds = 3" in line for line in lines)
+    curve = json.loads(paths.heldout_curve.read_text())["curve"]
+    assert curve[-1][0] == result["step"] and 3 <= curve[-1][1] < 30  # probed where it stopped
+    step, _ = checkpoints.latest_checkpoint(paths.checkpoint_dir)
+    assert step == result["step"]
+    lines.clear()
+    again = pretrain.run(config, log=lines.append)  # a re-run: its seconds are spent
+    assert again["step"] == result["step"]
+    assert any("not training further" in line for line in lines)

@@ -72,6 +72,7 @@ RANGES = [
     ("train.log_every", 1, None, True),
     ("train.eval_batches", 0, None, True),
     ("train.heldout_every", 0, None, True),
+    ("train.max_seconds", 0.0, None, True),
     ("train.heldout_batches", 0, None, True),
     ("train.shuffle_buffer", 1, None, True),
     ("finetune.sentences_per_example", 1, 1000, True),

@@ -106,13 +106,19 @@ class StepLogger(keras.callbacks.Callback):
 
 
 class StopAt(keras.callbacks.Callback):
-    def __init__(self, total_steps: int):
+    """Stops training after `total_steps` optimizer updates, or once `clock()` (training
+    seconds) reaches `max_seconds` (0: no time limit); `stopped_early` says which."""
+
+    def __init__(self, total_steps: int, max_seconds: float = 0.0, clock=None):
         super().__init__()
-        self.total = total_steps
+        self.total, self.max_seconds, self.clock = total_steps, max_seconds, clock
+        self.stopped_early = False
 
     def on_train_batch_end(self, batch, logs=None):
         if global_step(self.model) >= self.total:
             self.model.stop_training = True
+        elif self.max_seconds and self.clock is not None and self.clock() >= self.max_seconds:
+            self.model.stop_training = self.stopped_early = True
 
 
 class Checkpointer(keras.callbacks.Callback):
@@ -211,6 +217,11 @@ class HeldOutProbe(keras.callbacks.Callback):
         if step != self.last_step and (step % self.every == 0 or step >= self.total):
             self.probe(step)
         self.last_step = step
+
+    def on_train_end(self, logs=None):
+        step = global_step(self.model)
+        if not self.curve or self.curve[-1][0] != step:  # stopped between probes (a time limit)
+            self.probe(step)
 
     def probe(self, step: int) -> float:
         seconds = self.train_seconds()

@@ -6,6 +6,7 @@ checkpoint callbacks, then evaluate.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 
 import mlflow
@@ -97,16 +98,23 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     # Time to accuracy: held-out MLM accuracy every train.heldout_every steps on a fixed sample
     # of the held-out batches; the training seconds continue those of the checkpoint resumed.
     probe = None
+    seconds_before = checkpoint_seconds(found[1]) if found else 0.0
     if tc.heldout_every:
         sample = eval_data.take(tc.heldout_batches) if tc.heldout_batches else eval_data
         probe = HeldOutProbe(list(sample), tc.heldout_every, tc.steps, log=log, to_mlflow=chief,
-                             seconds_before=checkpoint_seconds(found[1]) if found else 0.0,
-                             prefix=prefix)
+                             seconds_before=seconds_before, prefix=prefix)
+    started = time.time()
+    clock = probe.train_seconds if probe else (lambda: seconds_before + time.time() - started)
+    stop = StopAt(tc.steps, tc.max_seconds, clock)
+    out_of_time = bool(tc.max_seconds) and seconds_before >= tc.max_seconds
     logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length, log=log,
                         to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
                         flops_per_token=per_token, peak_flops=peak)
     guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
-    if start_step < tc.steps:
+    if out_of_time:
+        log(f"{prefix}: already trained {seconds_before:,.0f} s, train.max_seconds = "
+            f"{tc.max_seconds:g}: not training further")
+    if start_step < tc.steps and not out_of_time:
         if chief:
             artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
         chunk = tc.checkpoint_every
@@ -116,11 +124,11 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                 steps_per_epoch=chunk * tc.grad_accum_steps,  # micro-batches per chunk
                 initial_epoch=start_step // chunk,
                 epochs=math.ceil(tc.steps / chunk),
-                callbacks=[logger, guard, StopAt(tc.steps),
+                callbacks=[logger, guard, stop,
                            *([probe] if probe else []),
                            Checkpointer(phase.checkpoint_dir, tc.keep_checkpoints, config_yaml,
                                         chief, guard,
-                                        clock=probe.train_seconds if probe else None)],
+                                        clock=clock)],
                 shuffle=False,  # tf.data shuffles
                 verbose=0,
             )
@@ -138,7 +146,10 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                 f"{key}warmup_steps (now {tc.warmup_steps}), clip harder with train.clipnorm "
                 f"(now {tc.clipnorm:g}; 1.0 is BERT's), or change train.precision (now "
                 f"{tc.precision}; mixed_float16 overflows most easily, float32 least)")
-    else:
+        if stop.stopped_early:
+            log(f"{prefix}: stopped at step {global_step(model)} after {clock():,.0f} s of "
+                f"training (train.max_seconds = {tc.max_seconds:g}); evaluating and exporting")
+    elif not out_of_time:
         log(f"{prefix}: already trained to step {start_step} (train.steps = {tc.steps}); "
             f"evaluating and exporting")
 
