@@ -116,7 +116,10 @@ def run_link(run_id: str) -> str:
 
 def _has_psutil() -> bool:
     import importlib.util
+    import logging
 
+    # Its start/stop lines are INFO on the console; warnings still show (and reach the log file).
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     return importlib.util.find_spec("psutil") is not None
 
 
