@@ -60,7 +60,6 @@ def graph_tables() -> dict:
     not_context = f"[^{cased[1:-1]}{ignorable[1:-1]}]"  # neither cased nor case-ignorable
     return {
         "delete": cls("delete"),
-        "space": cls("space"),
         "wide_space": rules.regex_class(tuple(
             (a, b) for a, b in classes["space"] if a > 127), "re2"),  # beyond ASCII's
         "mark": cls("mark"),

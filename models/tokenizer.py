@@ -230,7 +230,6 @@ class Tokenizer:
         if special_tokens_in_strings:
             present = [t for t in SPECIAL_TOKENS if t in self.index]
             self._special = re.compile("(" + special_tokens_pattern(present) + ")")
-        _, self._space, _, _ = _patterns()
 
     def word_ids(self, word: str) -> list[int]:
         """Ids of one whitespace-free string (rules 1, 3-5)."""

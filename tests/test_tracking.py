@@ -55,6 +55,15 @@ def mlflow_server(tmp_path):
         proc.wait(timeout=30)
 
 
+def rest(server: str, path: str, body=None) -> dict:
+    """One call of the MLflow server's REST API (GET, or POST with a JSON body)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{server}/api/2.0/mlflow/{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
 def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypatch, tmp_path,
                                                          corpus_dir):
     """MLFLOW_TRACKING_URI=http://... : the pipeline records its runs and artifacts on the server."""
@@ -65,16 +74,9 @@ def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypa
                      f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",
                      "tracking.experiment=rest-check"]) == 0
 
-    def call(path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
-
-    experiment_id = call("experiments/get-by-name?experiment_name=rest-check")[
+    experiment_id = rest(mlflow_server, "experiments/get-by-name?experiment_name=rest-check")[
         "experiment"]["experiment_id"]
-    runs = call("runs/search", {"experiment_ids": [experiment_id]})["runs"]
+    runs = rest(mlflow_server, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
     tags = {run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"].get("tags", [])}
             for run in runs}
     parents = [rid for rid, t in tags.items() if "mlflow.parentRunId" not in t]
@@ -85,7 +87,7 @@ def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypa
     params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
     assert params["vocab.size"] == "300" and params["model.preset"] == "tiny"
     # The vocab went to the server's artifact store, and can be read back from it.
-    listed = call(f"artifacts/list?run_id={children['vocab']}&path=vocab")
+    listed = rest(mlflow_server, f"artifacts/list?run_id={children['vocab']}&path=vocab")
     assert "vocab/vocab.txt" in [f["path"] for f in listed["files"]]
     local = mlflow.artifacts.download_artifacts(run_id=children["vocab"],
                                                 artifact_path="vocab/vocab.txt",
@@ -110,22 +112,18 @@ def test_training_runs_where_reviewers_look(mlflow_server, monkeypatch, tmp_path
                  "tracking.experiment=review", "tracking.register_encoder=true", "train.steps=30"]
     assert cli.main(["all", "--config", "configs/test_tiny.yaml", *overrides]) == 0
 
-    def call(path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
-
-    experiment = call("experiments/get-by-name?experiment_name=review")["experiment"]
+    experiment = rest(mlflow_server,
+                      "experiments/get-by-name?experiment_name=review")["experiment"]
     kinds = {t["key"]: t["value"] for t in experiment.get("tags", [])}
     assert kinds["mlflow.experimentKind"] == "custom_model_development"
-    runs = call("runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+    runs = rest(mlflow_server, "runs/search",
+                {"experiment_ids": [experiment["experiment_id"]]})["runs"]
     pretrain = next(r for r in runs if {"key": "pipeline.stage", "value": "pretrain"}
                     in r["data"].get("tags", []))
     metrics = {m["key"] for m in pretrain["data"].get("metrics", [])}
     assert any(k.startswith("system/cpu") for k in metrics), sorted(metrics)
-    model = call("registered-models/get?name=bert-encoder-run")["registered_model"]
+    model = rest(mlflow_server,
+                 "registered-models/get?name=bert-encoder-run")["registered_model"]
     assert model["latest_versions"][0]["version"] == "1"
 
     encoder = mlflow.pyfunc.load_model("models:/bert-encoder-run/1")

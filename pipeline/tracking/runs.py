@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import time
@@ -55,6 +56,8 @@ def tracking_uri(config: config_lib.Config) -> str:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Stages whose runs also record CPU, memory (and GPU) use every 10 s: MLflow's system metrics.
 TRAINING_STAGES = ("pretrain", "finetune", "sweep", "multitask", "distill")
+# Its start/stop lines are INFO on the console; warnings still show (and reach the log file).
+logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
 
 
 def _experiment_id(name: str, uri: str) -> str:
@@ -62,7 +65,8 @@ def _experiment_id(name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.tags.get("mlflow.experimentKind") is None:
-            client.set_experiment_tag(experiment.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(experiment.experiment_id, key, value)
         return experiment.experiment_id
     location = None
     if uri.startswith("sqlite:") or uri.startswith("file:"):
@@ -116,10 +120,7 @@ def run_link(run_id: str) -> str:
 
 def _has_psutil() -> bool:
     import importlib.util
-    import logging
 
-    # Its start/stop lines are INFO on the console; warnings still show (and reach the log file).
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     return importlib.util.find_spec("psutil") is not None
 
 
