@@ -162,6 +162,8 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                                          f"stage.{stage}.link": tracking.run_link(
                                              marker.get("mlflow_run_id", ""))})
                     continue
+                if force and chief and SPECS[stage].fresh:  # e.g. old checkpoints set aside
+                    _call(SPECS[stage].fresh, config, log)
                 # An interrupted training continues the MLflow run it recorded (pretrain).
                 resume = _call(SPECS[stage].resumable, config) if SPECS[stage].resumable else ""
                 with (tracking.stage_run(stage, config, SPECS[stage].description,

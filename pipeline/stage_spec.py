@@ -38,6 +38,9 @@ class StageSpec:
     cached: bool = True
     # "module:function" naming the MLflow run an interrupted run continues ("" if none).
     resumable: str = ""
+    # "module:function" that `--force` calls (with the config) before the stage runs again:
+    # pretraining sets its old checkpoints aside so that training starts over ("" if none).
+    fresh: str = ""
     # Its marker's file name inside `output` (the sweep shares finetune/ and keeps its own).
     marker: str = ".stage.json"
 
@@ -61,7 +64,8 @@ _SPECS = (
               config=("model", "train", "data.max_seq_length", "data.max_predictions_per_seq",
                       "data.phases"),
               upstream=("data",), output="pretrain_dir", in_all=True,
-              resumable="pipeline.training.phases:resumable_run_id"),
+              resumable="pipeline.training.phases:resumable_run_id",
+              fresh="pipeline.training.phases:set_checkpoints_aside"),
     StageSpec("finetune", "Fine-tuned the pretrained encoder on a labelled task, evaluated, "
                           "exported.",
               config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False),

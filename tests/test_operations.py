@@ -118,17 +118,16 @@ def test_lock_and_resume_after_kill(tmp_path, corpus_dir):
     # Nothing half-written looks complete: no model exported, no stray temporary files.
     assert not (tmp_path / "run" / "pretrain" / "model.keras").exists()
     # The re-run resumes from the last checkpoint (the stages before are reused).
-    resumed = start(tmp_path, corpus_dir, "train.steps=" + str(steps_done + 5),
-                    "train.warmup_steps=10", "train.checkpoint_every=5", "train.log_every=5")
+    resumed = start(tmp_path, corpus_dir, *long_run)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     assert f"resuming from ckpt-{steps_done:08d}.weights.h5 (step {steps_done})" in out
     assert "corpus: up to date" in out and "data: up to date" in out
-    assert f"step {steps_done + 5}/{steps_done + 5}" in out
+    assert "step 400/400" in out
     # The re-run continued the MLflow run the killed one started (kill -9 left it RUNNING).
     _, children = stage_runs(tmp_path)
     (run,) = [r for r in children if r.data.tags["pipeline.stage"] == "pretrain"]
     assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "1"
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     steps = {m.step for m in client.get_metric_history(run.info.run_id, "loss")}
-    assert {5, steps_done, steps_done + 5} <= steps  # before the kill and after it
+    assert {5, steps_done, steps_done + 5, 400} <= steps  # before the kill and after it

@@ -73,16 +73,39 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
     attention = [a.path for a in client.list_artifacts(pretrain_run.info.run_id, "plots/attention")]
     assert attention and all(p.endswith(".png") for p in attention)
 
-    # Re-run with more steps: the upstream stages are reused, training resumes at step 6.
-    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=9"]) == 0
+    # Re-run with other schedule settings: the checkpoints belong to the old ones, so the
+    # stage refuses (exit 2, naming the keys) and changes nothing.
+    before = sorted(p.name for p in paths.checkpoint_dir.iterdir())
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=9",
+                     "train.learning_rate=0.0005"]) == 2
+    err = capsys.readouterr().err
+    assert "train.steps: 6 -> 9" in err and "train.learning_rate" in err and "--force" in err
+    assert sorted(p.name for p in paths.checkpoint_dir.iterdir()) == before
+    assert json.loads(paths.pretrain_eval.read_text())["step"] == 6
+    # --force: the upstream stages are reused, the old checkpoints are set aside (not deleted)
+    # and training starts over under the new settings, in a new MLflow run that records them.
+    assert cli.main(["pretrain", "--force", "--config", "configs/test_tiny.yaml", *args,
+                     "train.steps=9", "train.learning_rate=0.0005"]) == 0
     out = capsys.readouterr().out
-    assert "corpus: up to date" in out and "data: up to date" in out
-    assert "resuming from ckpt-00000006.weights.h5 (step 6)" in out
+    assert "kept aside" in out and "resuming" not in out
+    aside = list(paths.pretrain_dir.glob("checkpoints.aside-*"))
+    assert len(aside) == 1 and sorted(
+        p.name for p in (aside[0] / "checkpoints").glob("ckpt-*")) == [
+        "ckpt-00000003.weights.h5", "ckpt-00000006.weights.h5"]
     assert json.loads(paths.pretrain_eval.read_text())["step"] == 9
     _, runs = runs_of(tmp_path)
-    latest_parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags][-1]
-    assert latest_parent.data.tags["stage.vocab"] == "reused"
-    assert latest_parent.data.tags["stage.pretrain"] == "ran"
+    pretrain_runs = [r for r in runs if r.data.tags.get("pipeline.stage") == "pretrain"]
+    # The refused run is recorded as FAILED, with no model; the two trainings, each with the
+    # parameters that produced its model.
+    assert [r.info.status for r in pretrain_runs].count("FAILED") == 1
+    pretrain_runs = [r for r in pretrain_runs if r.info.status == "FINISHED"]
+    assert len(pretrain_runs) == 2 and pretrain_runs[0].info.run_id != pretrain_runs[1].info.run_id
+    rates = sorted(r.data.params["train.learning_rate"] for r in pretrain_runs)
+    assert rates == ["0.0005", "0.001"]
+    # A re-run with the settings of the checkpoints resumes (nothing left to train here).
+    assert cli.main(["pretrain", "--config", "configs/test_tiny.yaml", *args, "train.steps=9",
+                     "train.learning_rate=0.0005"]) == 0
+    assert "pretrain: up to date" in capsys.readouterr().out
 
 
 def test_exported_models_reload_with_same_outputs(tmp_path, corpus_dir):

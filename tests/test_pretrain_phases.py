@@ -244,14 +244,15 @@ def test_resumed_training_continues_the_same_mlflow_run(tmp_path, monkeypatch):
     assert run.data.tags["mlflow.parentRunId"] == parents[1].info.run_id
     assert run.data.tags["resume.previous_parent_run_ids"] == parents[0].info.run_id
 
-    # Training further after it finished starts a new run (the finished one is left alone).
+    # Training further under another train.steps is refused (the checkpoints belong to the
+    # schedule of 6 steps): exit 2, and the finished run is left alone.
     longer = tiny_config(tmp_path / "run", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                          "tracking.experiment=phases", "train.steps=7", "train.checkpoint_every=3",
                          "train.warmup_steps=2")
-    assert run_cli(longer) == cli.EXIT_OK
+    assert run_cli(longer) == cli.EXIT_BAD_INPUT
     _, stages = runs_by_stage(tmp_path)
-    assert len(stages["pretrain"]) == 2
-    assert metric_steps(tmp_path, stages["pretrain"][1]) == [7]
+    assert [r.info.status for r in stages["pretrain"]].count("FINISHED") == 1
+    assert metric_steps(tmp_path, run) == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ and a Google-layout vocab: milliseconds, no Beam), so these tests exercise train
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ import models
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.stages import pretrain
-from pipeline.training import callbacks, checkpoints, inputs, pretrainer
+from pipeline.training import callbacks, checkpoints, inputs, loop, pretrainer
 from pipeline.training import strategy as strategy_lib
 
 PROJECT = artifacts.PROJECT_ROOT
@@ -211,16 +212,21 @@ def test_non_finite_loss_stops_without_overwriting_the_last_checkpoint(tmp_path,
     no_export(monkeypatch)
     write_pretraining_data(tmp_path / "run")
     paths = artifacts.Artifacts(tmp_path / "run")
-    pretrain.run(tiny_config(tmp_path / "run", "train.steps=2", "train.checkpoint_every=2",
-                             "train.warmup_steps=0"), log=lambda line: None)
+    config = tiny_config(tmp_path / "run", "train.steps=8", "train.checkpoint_every=1",
+                         "train.warmup_steps=0", "train.clipnorm=0")
+    revive = die_after_checkpoint(monkeypatch, lambda ckpt: checkpoints.global_step(ckpt.model) == 2)
+    with pytest.raises(Killed):
+        pretrain.run(config, log=lambda line: None)
+    revive()
     assert checkpoints.latest_checkpoint(paths.checkpoint_dir)[0] == 2
     before = (paths.checkpoint_dir / "ckpt-00000002.weights.h5").read_bytes()
-    # An absurd learning rate without clipping: the weights overflow, the loss becomes NaN.
-    diverging = tiny_config(tmp_path / "run", "train.steps=8", "train.checkpoint_every=1",
-                            "train.warmup_steps=0", "train.learning_rate=1.0e+38",
-                            "train.clipnorm=0")
+    # The resumed run's optimizer takes an absurd learning rate (the settings check sees the
+    # same config): the weights overflow, the loss becomes NaN.
+    build = loop.build_optimizer
+    absurd = dataclasses.replace(config.train, learning_rate=1.0e38)
+    monkeypatch.setattr(loop, "build_optimizer", lambda tc: build(absurd))
     with pytest.raises(pretrainer.PretrainError) as err:
-        pretrain.run(diverging, log=lambda line: None)
+        pretrain.run(config, log=lambda line: None)
     message = str(err.value)
     assert "training stopped at step" in message and "not finite" in message
     for knob in ("train.learning_rate", "train.clipnorm", "train.precision"):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import keras
@@ -64,3 +66,65 @@ def start_from_previous_phase(model, previous, log=print, prefix: str = "pretrai
         model.set_weights(previous)
         log(f"{prefix}: starting from the previous phase's final weights (fresh optimizer and "
             f"schedule)")
+
+
+# ---------------------------------------------------------------------------
+# The settings a checkpoint belongs to.
+# ---------------------------------------------------------------------------
+# Every key of these sections shapes what the checkpoints hold (the text, its pieces, the
+# instances, the model, the optimizer, the schedule, the batch order) except the ones below,
+# which say how or where it runs, or how often it reports.
+SHAPING_SECTIONS = ("corpus", "vocab", "data", "model", "train")
+NOT_SHAPING = frozenset({
+    "data.beam_args", "train.strategy", "train.allow_cpu", "train.tpu", "train.jit_compile",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.log_every", "train.eval_batches",
+    "train.heldout_every", "train.heldout_batches", "train.peak_flops_seconds",
+    "train.data_sharding", "train.resume_data", "train.max_seconds",
+})
+
+
+def shaping_settings(config_dict: dict, defaults: dict) -> dict:
+    """The settings that shape training, flat ("train.learning_rate": 0.002), from a config
+    as a dict; keys it lacks (added since it was written) take `defaults`' values.
+    train.max_seconds shapes training only when the schedule decays over it."""
+    flat = {}
+    for section in SHAPING_SECTIONS:
+        values = {**defaults.get(section, {}), **(config_dict.get(section) or {})}
+        for key in defaults.get(section, {}):
+            flat[f"{section}.{key}"] = values[key]
+    if flat.get("train.decay_over") != "max_seconds":
+        flat = {k: v for k, v in flat.items() if k not in NOT_SHAPING}
+    else:
+        flat = {k: v for k, v in flat.items() if k not in NOT_SHAPING - {"train.max_seconds"}}
+    return flat
+
+
+def settings_changes(saved: dict, current: dict, defaults: dict) -> list[str]:
+    """`key: old -> new` for every shaping setting that differs between a checkpoint's config
+    (`saved`) and this run's (`current`); empty when the checkpoint belongs to this run."""
+    before = shaping_settings(saved, defaults)
+    after = shaping_settings(current, defaults)
+    return [f"{key}: {before.get(key)!r} -> {after[key]!r}" for key in after
+            if before.get(key) != after[key]]
+
+
+def set_aside(checkpoint_dir: Path, config_file: Path, log=print) -> Path | None:
+    """Moves a training's checkpoints (and its saved config) into a new folder beside them,
+    `checkpoints.aside-<UTC time>`, so that the next run starts from scratch and nothing is
+    deleted; returns that folder (None when there was nothing to move)."""
+    checkpoint_dir, config_file = Path(checkpoint_dir), Path(config_file)
+    if not checkpoint_dir.exists() and not config_file.exists():
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = checkpoint_dir.parent / f"{checkpoint_dir.name}.aside-{stamp}"
+    suffix = 1
+    while aside.exists():
+        aside = checkpoint_dir.parent / f"{checkpoint_dir.name}.aside-{stamp}-{suffix}"
+        suffix += 1
+    aside.mkdir(parents=True)
+    if checkpoint_dir.exists():
+        os.replace(checkpoint_dir, aside / checkpoint_dir.name)
+    if config_file.exists():
+        os.replace(config_file, aside / config_file.name)
+    log(f"--force: the previous checkpoints are kept aside in {aside}; training starts over")
+    return aside

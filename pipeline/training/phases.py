@@ -13,7 +13,7 @@ from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.tracking import runs as tracking
-from pipeline.training.checkpoints import CHECKPOINT_RE
+from pipeline.training.checkpoints import CHECKPOINT_RE, set_aside
 
 
 @dataclasses.dataclass
@@ -66,6 +66,14 @@ def resumable_run_id(config: Config) -> str:
     if not any(CHECKPOINT_RE.search(p.name) for p in paths.checkpoint_dir.rglob("ckpt-*")):
         return ""
     return tracking.read_run_file(paths.pretrain_run_file)
+
+
+def set_checkpoints_aside(config: Config, log=print):
+    """`--force` on pretrain: the run's checkpoints (every phase's) and its saved config move
+    into pretrain/checkpoints.aside-<UTC time>, so training starts from scratch (a new MLflow
+    run, too) and nothing is deleted."""
+    paths = Artifacts(config.run_dir)
+    return set_aside(paths.checkpoint_dir, paths.pretrain_config, log=log)
 
 
 def phase_run(phase: Phase, stage_run, resume: bool):

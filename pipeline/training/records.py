@@ -16,7 +16,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
-from pipeline.training import inputs
+from pipeline.training import checkpoints, inputs
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.pretrainer import PretrainError, normalize_mlm_weights
 
@@ -49,18 +49,21 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
     if not config.data.phases and config.data.max_seq_length > config.model.max_sequence_length:
         raise PretrainError(f"data.max_seq_length {config.data.max_seq_length} exceeds "
                             f"model.max_sequence_length {config.model.max_sequence_length}")
-    if paths.pretrain_config.exists() or (paths.checkpoint_dir / "config.yaml").exists():
-        saved_path = paths.checkpoint_dir / "config.yaml"
-        if not saved_path.exists():
-            saved_path = paths.pretrain_config
-        saved = yaml.safe_load(saved_path.read_text())
-        # Keys added since the checkpoint was written take their defaults.
-        saved_model = {**config_lib.to_dict(Config())["model"], **(saved.get("model") or {})}
-        if saved_model != config_lib.to_dict(config)["model"]:
+    # The checkpoints belong to the settings that trained them: resuming under others would
+    # mix two trainings (and record parameters that did not produce the model).
+    saved_path = next((p for p in (paths.checkpoint_dir / "config.yaml", paths.pretrain_config)
+                       if p.exists()), None)
+    if saved_path is not None:
+        saved = yaml.safe_load(saved_path.read_text()) or {}
+        changes = checkpoints.settings_changes(saved, config_lib.to_dict(config),
+                                               config_lib.to_dict(Config()))
+        if changes:
+            shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more"
+                                              if len(changes) > 6 else "")
             raise PretrainError(
-                f"the checkpoints in {paths.pretrain_dir} were trained with another model config "
-                f"({saved.get('model')}); use another run_dir or delete {paths.pretrain_dir} to "
-                f"start over")
+                f"the checkpoints in {paths.pretrain_dir} were trained with other settings "
+                f"({shown}); run again with --force to start over (they are kept aside, not "
+                f"deleted), use another run_dir, or go back to the settings in {saved_path}")
     return vocabulary_size, stats
 
 
