@@ -147,7 +147,7 @@ class PassageIndex:
 
     @classmethod
     def load(cls, path) -> "PassageIndex":
-        with np.load(path) as f:
+        with np.load(path, allow_pickle=False) as f:  # an index is arrays only, never objects
             return cls(f["vectors"], f["passage_doc"], f["doc_ids"].tolist(),
                        [tuple(s) for s in f["char_spans"].tolist()])
 
