@@ -101,7 +101,7 @@ CALIBRATION_STEPS = 16  # untimed peer steps to measure seconds per step (the fi
 # transformers defaults a user gets (TrainingArguments: adam_epsilon 1e-8, max_grad_norm 1.0).
 DOCUMENTED_RECIPE = dict(learning_rate=1e-4, beta_1=0.9, beta_2=0.999, weight_decay=0.01,
                          warmup_fraction=0.01, batch_size=32, dropout=0.1, epsilon=1e-8,
-                         clipnorm=1.0)
+                         clipnorm=1.0, initializer_range=0.02)
 
 
 def parse_args(argv=None):
@@ -397,6 +397,7 @@ class PeerRecipe:
     dropout: float
     end_learning_rate: float = 0.0
     decay_power: float = 1.0
+    initializer_range: float = 0.02  # BertConfig's, the spread of its normal init
 
     def warmup(self, steps: int) -> int:
         return round(self.warmup_fraction * steps) if self.warmup_fraction else self.warmup_steps
@@ -409,13 +410,14 @@ def peer_recipes(config, names) -> list[PeerRecipe]:
             "same", "(a) same recipe", tc.learning_rate, tc.warmup_steps, 0.0,
             tc.batch_size * tc.grad_accum_steps, tc.weight_decay, tc.beta_1, tc.beta_2,
             tc.epsilon, tc.clipnorm, config.model.dropout, tc.end_learning_rate,
-            tc.decay_power),
+            tc.decay_power, config.model.initializer_range),
         "documented": PeerRecipe(
             "documented", "(b) documented", DOCUMENTED_RECIPE["learning_rate"], 0,
             DOCUMENTED_RECIPE["warmup_fraction"], DOCUMENTED_RECIPE["batch_size"],
             DOCUMENTED_RECIPE["weight_decay"], DOCUMENTED_RECIPE["beta_1"],
             DOCUMENTED_RECIPE["beta_2"], DOCUMENTED_RECIPE["epsilon"],
-            DOCUMENTED_RECIPE["clipnorm"], DOCUMENTED_RECIPE["dropout"]),
+            DOCUMENTED_RECIPE["clipnorm"], DOCUMENTED_RECIPE["dropout"],
+            initializer_range=DOCUMENTED_RECIPE["initializer_range"]),
     }
     return [recipes[name] for name in names]
 
@@ -458,7 +460,7 @@ class Peer:
         if args.peer_model == "mlm":
             self.heldout["segment_ids"] = torch.zeros_like(self.heldout["segment_ids"])
 
-    def build_model(self, dropout: float):
+    def build_model(self, dropout: float, initializer_range: float = 0.02):
         self.torch.manual_seed(self.args.seed)
         activation = {"gelu_approximate": "gelu_new", "gelu": "gelu"}.get(
             self.config.model.activation, self.config.model.activation)
@@ -468,7 +470,7 @@ class Peer:
             intermediate_size=self.arch["intermediate_dim"], hidden_act=activation,
             hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
             max_position_embeddings=self.config.model.max_sequence_length,
-            type_vocab_size=2, layer_norm_eps=1e-12,
+            type_vocab_size=2, layer_norm_eps=1e-12, initializer_range=initializer_range,
             pad_token_id=self.tokenizer.pad_token_id)
         if self.args.peer_model == "mlm":
             return self.transformers.BertForMaskedLM(bert_config)
@@ -537,8 +539,8 @@ class Peer:
             def on_step_end(self, args, state, control, **kwargs):
                 times.append(time.perf_counter())
 
-        self.trainer(self.build_model(recipe.dropout), recipe, CALIBRATION_STEPS,
-                     [Clock()]).train()
+        self.trainer(self.build_model(recipe.dropout, recipe.initializer_range), recipe,
+                     CALIBRATION_STEPS, [Clock()]).train()
         skip = CALIBRATION_STEPS // 4
         self.step_seconds[recipe.batch_size] = (times[-1] - times[skip - 1]) / (len(times) - skip)
         return self.step_seconds[recipe.batch_size]
@@ -557,9 +559,10 @@ class Peer:
               f"over {steps} steps{sized}"
               + f", batch {recipe.batch_size}, weight decay {recipe.weight_decay:g}, betas "
               f"({recipe.beta_1:g}, {recipe.beta_2:g}), eps {recipe.epsilon:g}, clip "
-              f"{recipe.clipnorm:g}, dropout {recipe.dropout:g}", flush=True)
+              f"{recipe.clipnorm:g}, dropout {recipe.dropout:g}, init std "
+              f"{recipe.initializer_range:g}", flush=True)
         watch = BudgetWatch(self, budget, every, self.transformers.TrainerCallback)
-        model = self.build_model(recipe.dropout)
+        model = self.build_model(recipe.dropout, recipe.initializer_range)
         started = time.perf_counter()
         self.trainer(model, recipe, steps, [watch.callback]).train()
         wall = time.perf_counter() - started

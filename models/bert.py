@@ -153,6 +153,7 @@ class BertEncoder(keras_hub.models.Backbone):
         layer_norm_epsilon=1e-12,
         embedding_dim=None,
         share_layers=False,
+        initializer_range=INITIALIZER_STDDEV,
         dtype=None,
         **kwargs,
     ):
@@ -177,20 +178,20 @@ class BertEncoder(keras_hub.models.Backbone):
         self.token_embedding = keras_hub.layers.ReversibleEmbedding(
             input_dim=vocabulary_size,
             output_dim=width,
-            embeddings_initializer=bert_kernel_initializer(),
+            embeddings_initializer=bert_kernel_initializer(initializer_range),
             dtype=dtype,
             name="token_embedding",
         )
         self.position_embedding = keras_hub.layers.PositionEmbedding(
             sequence_length=max_sequence_length,
-            initializer=bert_kernel_initializer(),
+            initializer=bert_kernel_initializer(initializer_range),
             dtype=dtype,
             name="position_embedding",
         )
         self.segment_embedding = keras.layers.Embedding(
             input_dim=num_segments,
             output_dim=width,
-            embeddings_initializer=bert_kernel_initializer(),
+            embeddings_initializer=bert_kernel_initializer(initializer_range),
             dtype=dtype,
             name="segment_embedding",
         )
@@ -209,7 +210,7 @@ class BertEncoder(keras_hub.models.Backbone):
         if width != hidden_dim:
             self.embeddings_projection = keras.layers.Dense(
                 hidden_dim,
-                kernel_initializer=bert_kernel_initializer(),
+                kernel_initializer=bert_kernel_initializer(initializer_range),
                 dtype=dtype,
                 name="embedding_projection",
             )
@@ -221,7 +222,7 @@ class BertEncoder(keras_hub.models.Backbone):
                 dropout=dropout,
                 activation=activation_fn,
                 layer_norm_epsilon=layer_norm_epsilon,
-                kernel_initializer=bert_kernel_initializer(),
+                kernel_initializer=bert_kernel_initializer(initializer_range),
                 normalize_first=False,  # post-LN, as in BERT
                 dtype=dtype,
                 name=name,
@@ -237,7 +238,7 @@ class BertEncoder(keras_hub.models.Backbone):
             ]
         self.pooled_dense = keras.layers.Dense(
             hidden_dim,
-            kernel_initializer=bert_kernel_initializer(),
+            kernel_initializer=bert_kernel_initializer(initializer_range),
             activation="tanh",
             dtype=dtype,
             name="pooled_dense",
@@ -287,6 +288,7 @@ class BertEncoder(keras_hub.models.Backbone):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.embedding_dim = embedding_dim
         self.share_layers = bool(share_layers)
+        self.initializer_range = float(initializer_range)
         self.cls_token_index = cls_token_index
 
     def get_config(self):
@@ -305,6 +307,7 @@ class BertEncoder(keras_hub.models.Backbone):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "embedding_dim": self.embedding_dim,
                 "share_layers": self.share_layers,
+                "initializer_range": self.initializer_range,
             }
         )
         return config

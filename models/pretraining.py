@@ -80,7 +80,13 @@ from __future__ import annotations
 import keras
 import keras_hub
 
-from models.bert import SERIALIZATION_PACKAGE, BertEncoder, bert_kernel_initializer, get_activation
+from models.bert import (
+    INITIALIZER_STDDEV,
+    SERIALIZATION_PACKAGE,
+    BertEncoder,
+    bert_kernel_initializer,
+    get_activation,
+)
 
 MLM_OUTPUT = "mlm"
 NSP_OUTPUT = "nsp"
@@ -164,13 +170,15 @@ class BertPretrainer(keras_hub.models.Task):
             token_embedding=backbone.token_embedding,  # decoder tied to the input embedding
             intermediate_activation=get_activation(backbone.activation),
             layer_norm_epsilon=backbone.layer_norm_epsilon,
-            kernel_initializer=bert_kernel_initializer(),
+            kernel_initializer=bert_kernel_initializer(
+                getattr(backbone, "initializer_range", INITIALIZER_STDDEV)),
             dtype=head_dtype,
             name="mlm_head",
         )
         self.nsp_head = keras.layers.Dense(
             2,
-            kernel_initializer=bert_kernel_initializer(),
+            kernel_initializer=bert_kernel_initializer(
+                getattr(backbone, "initializer_range", INITIALIZER_STDDEV)),
             dtype=head_dtype,
             name="nsp_head",
         )

@@ -12,6 +12,17 @@ into updates, so warmup and decay are counted in optimizer updates either way:
     >>> lr = WarmupPolynomialDecay(1e-3, 10, 100, micro_steps_per_update=4)
     >>> [round(float(lr(s)), 6) for s in (0, 3, 20, 23, 40)]
     [0.0, 0.0, 0.0005, 0.0005, 0.001]
+
+Pretraining for a wall-clock budget: with `decay_seconds = T` the decay also follows the
+training seconds, whichever of steps and seconds is further along, so the rate reaches its end
+value when the budget is spent on any machine. The trainer sets the seconds with
+`set_seconds` (a variable read inside the compiled step):
+
+    >>> lr = WarmupPolynomialDecay(1e-3, 10, 1000, decay_seconds=60.0)
+    >>> lr.set_seconds(30.0); round(float(lr(20)), 6)
+    0.0005
+    >>> lr.set_seconds(60.0); round(float(lr(20)), 6)
+    0.0
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, peak_learning_rate, warmup_steps, decay_steps,
                  end_learning_rate=0.0, power=1.0, name="warmup_polynomial_decay",
-                 micro_steps_per_update=1):
+                 micro_steps_per_update=1, decay_seconds=0.0):
         self.peak_learning_rate = float(peak_learning_rate)
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = int(decay_steps)
@@ -41,6 +52,16 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.micro_steps_per_update = int(micro_steps_per_update)
         if self.micro_steps_per_update < 1:
             raise ValueError(f"micro_steps_per_update must be >= 1, got {micro_steps_per_update}")
+        self.decay_seconds = float(decay_seconds)
+        self.seconds = None
+        if self.decay_seconds > 0:
+            self.seconds = keras.Variable(0.0, trainable=False, dtype="float32",
+                                          name="train_seconds")
+
+    def set_seconds(self, seconds: float):
+        """The training seconds so far (a budgeted schedule only; a no-op otherwise)."""
+        if self.seconds is not None:
+            self.seconds.assign(float(seconds))
 
     def __call__(self, step):
         if self.micro_steps_per_update > 1:
@@ -51,6 +72,9 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         warm = peak * step / warmup
         span = ops.maximum(float(self.decay_steps - self.warmup_steps), 1.0)
         progress = ops.clip((step - float(self.warmup_steps)) / span, 0.0, 1.0)
+        if self.seconds is not None:
+            spent = ops.clip(ops.cast(self.seconds, "float32") / self.decay_seconds, 0.0, 1.0)
+            progress = ops.maximum(progress, spent)
         decayed = (peak - self.end_learning_rate) * (1.0 - progress) ** self.power \
             + self.end_learning_rate
         return ops.where(step < float(self.warmup_steps), warm, decayed)
@@ -64,4 +88,5 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
             "power": self.power,
             "name": self.name,
             "micro_steps_per_update": self.micro_steps_per_update,
+            "decay_seconds": self.decay_seconds,
         }

@@ -138,6 +138,25 @@ def test_encoder_config_round_trip():
     assert clone.embeddings_layer_norm.epsilon == 1e-6
 
 
+def test_initializer_range_sets_the_spread_of_every_matrix():
+    """model.initializer_range: the truncated normal of every kernel and embedding (BERT's
+    0.02 by default), the heads' too; kept in the config."""
+    def spreads(model):
+        return {w.path: float(np.std(np.asarray(w))) for w in model.weights
+                if len(w.shape) >= 2 and "bias" not in w.path}
+
+    default = BertPretrainer(BertEncoder.from_preset_name("tiny", VOCAB, **SMALL))
+    wide = BertPretrainer(BertEncoder.from_preset_name("tiny", VOCAB, initializer_range=0.08,
+                                                       **SMALL))
+    assert wide.backbone.get_config()["initializer_range"] == 0.08
+    assert set(spreads(default)) == set(spreads(wide)) and len(spreads(wide)) >= 10
+    for path, std in spreads(default).items():  # truncated at 2 sigma: std = 0.88 sigma
+        assert std == pytest.approx(0.02 * 0.88, rel=0.15), path
+    for path, std in spreads(wide).items():
+        assert std == pytest.approx(0.08 * 0.88, rel=0.15), path
+    assert any("mlm_head" in path for path in spreads(wide))
+
+
 def test_weights_from_keras_hub_backbone():
     """Same layer names as keras-hub's BertBackbone: copied weights give the same outputs
     with the tanh GELU, and different outputs with the exact GELU."""

@@ -433,3 +433,28 @@ def test_max_seconds_stops_training_then_probes_evaluates_and_stays_stopped(tmp_
     again = pretrain.run(config, log=lines.append)  # a re-run: its seconds are spent
     assert again["step"] == result["step"]
     assert any("not training further" in line for line in lines)
+
+
+def test_decay_over_max_seconds_spends_the_rate_with_the_budget(tmp_path):
+    """train.decay_over = max_seconds: the schedule's decay follows the training seconds that
+    ScheduleClock hands it before each batch (or the steps, if they are further along)."""
+    config = tiny_config(tmp_path, "train.steps=1000", "train.warmup_steps=10",
+                         "train.learning_rate=0.001", "train.max_seconds=60",
+                         "train.decay_over=max_seconds")
+    optimizer = pretrainer.build_optimizer(config.train)
+    schedule = pretrainer.learning_rate_schedule(optimizer)
+    now = [0.0]
+    clock = callbacks.ScheduleClock(schedule, lambda: now[0])
+    rates = []
+    for seconds in (0.0, 15.0, 30.0, 59.0, 60.0, 90.0):
+        now[0] = seconds
+        clock.on_train_batch_begin(0)
+        rates.append(float(schedule(20)))
+    assert rates[0] == pytest.approx(1e-3 * (1 - 10 / 990), rel=1e-4)  # the steps decide
+    assert rates[1:] == pytest.approx([7.5e-4, 5e-4, 1e-3 / 60, 0.0, 0.0], abs=1e-7)
+    by_steps = pretrainer.learning_rate_schedule(pretrainer.build_optimizer(
+        tiny_config(tmp_path, "train.steps=1000", "train.warmup_steps=10",
+                    "train.max_seconds=60").train))
+    assert by_steps.seconds is None  # the default: steps only, no clock
+    with pytest.raises(config_lib.ConfigError, match="train.decay_over = max_seconds needs"):
+        tiny_config(tmp_path, "train.decay_over=max_seconds")

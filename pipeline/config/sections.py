@@ -15,6 +15,7 @@ params; `dump_yaml` writes the exact config a stage used beside its outputs.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -103,6 +104,11 @@ class ModelConfig:
     # Google's original BERT code and keras-hub's BertBackbone).
     activation: str = "gelu_approximate"
     layer_norm_epsilon: float = 1e-12
+    # Standard deviation of the truncated-normal initialisation of every weight matrix and
+    # embedding (BERT's initializer_range). 0.02 is the paper's, chosen for hidden 768; it is
+    # 1/sqrt(2,500), so for narrow models it starts far below 1/sqrt(hidden) (README, How good
+    # is the model?).
+    initializer_range: float = 0.02
     # ALBERT (Lan et al. 2019). embedding_size: width E of the embeddings, projected to the
     # hidden size by a Dense after the embedding LayerNorm (factorized embedding
     # parameterization: V·E + E·H parameters instead of V·H); null = the hidden size (BERT,
@@ -146,6 +152,11 @@ class TrainConfig:
     warmup_steps: int = 100
     end_learning_rate: float = 0.0
     decay_power: float = 1.0  # after warmup: (1 - progress) ** power; 1 = linear (BERT)
+    # What the decay's progress counts: steps (of train.steps; BERT) | max_seconds (the training
+    # seconds of train.max_seconds, or the steps if they are further along): the rate reaches
+    # end_learning_rate when the time budget is spent, on a fast machine or a slow one; the
+    # run is then not bit-reproducible (wall-clock dependent).
+    decay_over: str = "steps"
     weight_decay: float = 0.01
     beta_1: float = 0.9
     beta_2: float = 0.999
@@ -354,8 +365,10 @@ def _build(cls, raw, prefix: str, source: str):
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"{source}: unknown key {prefix}{unknown[0]!r}; allowed keys here: "
-                          f"{', '.join(sorted(fields))}")
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        raise ConfigError(f"{source}: unknown key {prefix}{unknown[0]}{hint}; allowed keys "
+                          f"here: {', '.join(sorted(fields))}")
     kwargs = {}
     for name, value in raw.items():
         key = prefix + name

@@ -76,6 +76,9 @@ def validate(config: Config, source: str = "<config>") -> None:
             f"must be below data.max_seq_length - 3 = {config.data.max_seq_length - 3}")
     _validate_phases(config, source)
     train_phases(config, source)
+    if config.train.decay_over == "max_seconds" and not config.train.max_seconds:
+        raise ConfigError(f"{source}: key train.decay_over = max_seconds needs a budget: set "
+                          f"train.max_seconds (now 0) or use train.decay_over = steps")
     if config.train.warmup_steps > config.train.steps:
         raise ConfigError(f"{source}: key train.warmup_steps = {config.train.warmup_steps} is more "
                           f"than train.steps = {config.train.steps}; lower it")

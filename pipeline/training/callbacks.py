@@ -121,6 +121,18 @@ class StopAt(keras.callbacks.Callback):
             self.model.stop_training = self.stopped_early = True
 
 
+class ScheduleClock(keras.callbacks.Callback):
+    """Before every batch, hands the training seconds (`clock()`) to a time-budgeted learning-rate
+    schedule (`WarmupPolynomialDecay.set_seconds`; train.decay_over = max_seconds)."""
+
+    def __init__(self, schedule, clock):
+        super().__init__()
+        self.schedule, self.clock = schedule, clock
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.schedule.set_seconds(self.clock())
+
+
 class Checkpointer(keras.callbacks.Callback):
     """Writes weights + optimizer state at the end of every chunk; keeps the newest `keep`.
 

@@ -21,6 +21,7 @@ from pipeline.training.callbacks import (
     Checkpointer,
     HeldOutProbe,
     NonFiniteGuard,
+    ScheduleClock,
     StepLogger,
     StopAt,
     scalar_logs,
@@ -41,6 +42,7 @@ from pipeline.training.pretrainer import (
     compile_model,
     flops_per_token,
     init_from_checkpoint,
+    learning_rate_schedule,
     normalize_mlm_weights,
     oom_message,
 )
@@ -111,6 +113,9 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                         to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
                         flops_per_token=per_token, peak_flops=peak)
     guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
+    schedule = learning_rate_schedule(optimizer)
+    budget = ([ScheduleClock(schedule, clock)]
+              if schedule is not None and schedule.seconds is not None else [])
     if out_of_time:
         log(f"{prefix}: already trained {seconds_before:,.0f} s, train.max_seconds = "
             f"{tc.max_seconds:g}: not training further")
@@ -124,7 +129,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                 steps_per_epoch=chunk * tc.grad_accum_steps,  # micro-batches per chunk
                 initial_epoch=start_step // chunk,
                 epochs=math.ceil(tc.steps / chunk),
-                callbacks=[logger, guard, stop,
+                callbacks=[*budget, logger, guard, stop,
                            *([probe] if probe else []),
                            Checkpointer(phase.checkpoint_dir, tc.keep_checkpoints, config_yaml,
                                         chief, guard,

@@ -52,6 +52,7 @@ def build_model(config: Config, vocabulary_size: int) -> models.BertPretrainer:
         layer_norm_epsilon=config.model.layer_norm_epsilon,
         embedding_dim=config.model.embedding_size,  # ALBERT options (default: BERT)
         share_layers=config.model.share_layers,
+        initializer_range=config.model.initializer_range,
         dtype=None if precision == "float32" else precision,
     )
     return models.BertPretrainer(backbone)
@@ -68,7 +69,9 @@ def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
     accum = tc.grad_accum_steps
     schedule = WarmupPolynomialDecay(tc.learning_rate, tc.warmup_steps, tc.steps,
                                      end_learning_rate=tc.end_learning_rate,
-                                     power=tc.decay_power, micro_steps_per_update=accum)
+                                     power=tc.decay_power, micro_steps_per_update=accum,
+                                     decay_seconds=(tc.max_seconds if tc.decay_over == "max_seconds"
+                                                    else 0.0))
     kwargs = dict(learning_rate=schedule, weight_decay=tc.weight_decay, beta_1=tc.beta_1,
                   beta_2=tc.beta_2, epsilon=tc.epsilon, global_clipnorm=tc.clipnorm or None,
                   gradient_accumulation_steps=accum if accum > 1 else None)
@@ -80,6 +83,13 @@ def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
         # skipped and the scale lowered.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
+
+
+def learning_rate_schedule(optimizer) -> WarmupPolynomialDecay | None:
+    """The optimizer's schedule (under a loss-scale wrapper too), or None."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = getattr(inner, "_learning_rate", None)
+    return schedule if isinstance(schedule, WarmupPolynomialDecay) else None
 
 
 def resolve_jit_compile(setting: str, strategy) -> bool | str:
