@@ -111,8 +111,14 @@ def main(argv=None) -> int:
     stages = list(STAGES) if "all" in names else names
     unknown = [s for s in stages if s not in STAGES + EXTRA_STAGES]
     if unknown or not stages:
-        parser.error(f"unknown stage {unknown[0] if unknown else ''!r}; choose from "
-                     f"{', '.join(STAGES + EXTRA_STAGES)} or all")
+        what = unknown[0] if unknown else ""
+        if "." in what:  # section.key without a value
+            print(f"error: override {what!r} must look like section.key=value (e.g. "
+                  f"train.steps=500)", file=sys.stderr)
+        else:
+            print(f"error: unknown stage {what!r}; choose from "
+                  f"{', '.join(STAGES + EXTRA_STAGES)} or all", file=sys.stderr)
+        return EXIT_BAD_INPUT
     stages = [s for s in STAGES + EXTRA_STAGES if s in stages]  # always in pipeline order
 
     from pipeline import artifacts, logs

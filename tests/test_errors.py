@@ -1,40 +1,152 @@
-"""Bad input: one line on the console (what, where, how to fix), exit 2, no traceback there; the
-traceback is in the run's log file."""
+"""Bad input, counted (README, Bad inputs): each row of BAD_INPUTS is a bad corpus, vocabulary,
+config, labelled file, checkpoint or command-line value given to a run directory whose stages
+all completed. Each gets exit 2 and one line on the console naming the file or key (no
+traceback there: it is in the run's log file), and nothing in the run directory changes."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+from pathlib import Path
+
 import pytest
 
+from conftest import make_corpus
 from pipeline import cli
 
 
-def _case(name, tmp_path, corpus_dir):
-    run = [f"run_dir={tmp_path / 'run'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]
-    if name == "non-UTF-8 file":
-        (tmp_path / "bad.txt").write_bytes(b"A good line .\n\xff\xfe not UTF-8 .\n")
-        return ["corpus", *run, f"corpus.path={tmp_path / 'bad.txt'}"], "bad.txt"
-    if name == "blank corpus":
-        (tmp_path / "blank.txt").write_text("\n\n  \n")
-        return ["corpus", *run, f"corpus.path={tmp_path / 'blank.txt'}"], "blank.txt"
-    if name == "glob matching nothing":
-        return ["corpus", *run, f"corpus.path={tmp_path / 'nothing' / '*.txt'}"], "nothing"
-    if name == "duplicate vocab tokens":
-        (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nthe\n")
-        return ["corpus", "vocab", *run, f"corpus.path={corpus_dir}/*.txt",
-                f"vocab.from_file={tmp_path / 'vocab.txt'}"], "duplicate"
-    (tmp_path / "train.csv").write_text("sentence,tag\nA cat,pos\nA dog,neg\n")
-    return ["finetune", *run, "finetune.dataset=csv", f"finetune.train_file={tmp_path / 'train.csv'}",
-            "finetune.text_column=sentence"], "label"
+def _write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    return path
 
 
-@pytest.mark.parametrize("name", ["non-UTF-8 file", "blank corpus", "glob matching nothing",
-                                  "duplicate vocab tokens", "CSV without the label column"])
-def test_bad_input_is_one_line_and_exit_2(name, tmp_path, corpus_dir, capsys):
-    argv, names = _case(name, tmp_path, corpus_dir)
-    assert cli.main([*argv, "--config", "configs/test_tiny.yaml"]) == 2
+def _evil_keras(path: Path) -> Path:
+    import keras
+
+    inputs = keras.Input((2,))
+    outputs = keras.layers.Lambda(lambda x: x * 2.0)(inputs)
+    keras.Model(inputs, outputs).save(path)
+    return path
+
+
+ROWS = "text,label\n" + "".join(f"A {w} sat here,{'pos' if i % 2 else 'neg'}\n"
+                                 for i, w in enumerate(["cat", "dog", "bird", "fish"] * 10))
+
+
+def _csv(tmp, body=ROWS):
+    return ["finetune", "finetune.dataset=csv",
+            f"finetune.train_file={_write(tmp / 'train.csv', body)}"]
+
+
+# (name, argv builder given a scratch folder, what the one line must name)
+BAD_INPUTS = [
+    # Configs and command-line values.
+    ("unknown config key", lambda t: ["pretrain", "train.stepz=5"], "train.stepz"),
+    ("value of the wrong type", lambda t: ["pretrain", "train.steps=many"], "train.steps"),
+    ("value out of range", lambda t: ["pretrain", "train.learning_rate=-0.1"],
+     "train.learning_rate"),
+    ("value not among the choices", lambda t: ["pretrain", "train.optimizer=sgd"],
+     "train.optimizer"),
+    ("override without '='", lambda t: ["pretrain", "train.steps"], "train.steps"),
+    ("warmup longer than training", lambda t: ["pretrain", "train.warmup_steps=100"],
+     "train.warmup_steps"),
+    ("more predictions than fit in a sequence",
+     lambda t: ["data", "data.max_predictions_per_seq=40"], "data.max_predictions_per_seq"),
+    ("time-budget decay without a budget", lambda t: ["pretrain", "train.decay_over=max_seconds"],
+     "train.decay_over"),
+    ("unknown stage", lambda t: ["pretrian"], "pretrian"),
+    ("config file missing", lambda t: ["pretrain", "--config", str(t / "nope.yaml")],
+     "nope.yaml"),
+    ("config file not YAML", lambda t: ["pretrain", "--config", str(
+        _write(t / "broken.yaml", "train: [steps: 5\n"))], "broken.yaml"),
+    ("config section not a mapping", lambda t: ["pretrain", "--config", str(
+        _write(t / "flat.yaml", "train: 5\n"))], "train"),
+    # Corpora.
+    ("corpus file not UTF-8", lambda t: ["corpus", "--force", "corpus.path=" + str(
+        _write(t / "bad.txt", b"A good line .\n\xff\xfe not UTF-8 .\n"))], "bad.txt"),
+    ("blank corpus", lambda t: ["corpus", "--force", "corpus.path=" + str(
+        _write(t / "blank.txt", "\n\n  \n"))], "blank.txt"),
+    ("corpus glob matching nothing",
+     lambda t: ["corpus", "--force", f"corpus.path={t / 'nothing' / '*.txt'}"], "nothing"),
+    ("corpus line over corpus.max_line_chars", lambda t: ["corpus", "--force", "corpus.path=" + str(
+        _write(t / "long.txt", "word " * 5000 + "\n")), "corpus.max_line_chars=1000"],
+     "long.txt"),
+    # Vocabularies.
+    ("vocab with a duplicate token", lambda t: ["vocab", "--force", "vocab.from_file=" + str(
+        _write(t / "vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nthe\n"))], "duplicate"),
+    ("vocab without [MASK]", lambda t: ["vocab", "--force", "vocab.from_file=" + str(
+        _write(t / "vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n"))], "[MASK]"),
+    ("vocab file missing", lambda t: ["vocab", "--force", f"vocab.from_file={t / 'none.txt'}"],
+     "none.txt"),
+    # Stages, data and checkpoints.
+    ("TFRecords made for another sequence length", lambda t: ["pretrain", "data.max_seq_length=64"],
+     "data.max_seq_length"),
+    ("resuming checkpoints under other settings",
+     lambda t: ["pretrain", "train.learning_rate=0.0005"], "train.learning_rate"),
+    ("model.init_from not a model", lambda t: ["pretrain", "--force", "model.init_from=" + str(
+        _write(t / "model.txt", "not a model"))], "model.init_from"),
+    # Labelled files and fine-tuning models.
+    ("labelled CSV without the label column",
+     lambda t: [*_csv(t, "sentence,tag\nA cat,pos\n"), "finetune.text_column=sentence"], "label"),
+    ("labelled file missing", lambda t: ["finetune", "finetune.dataset=csv",
+                                         f"finetune.train_file={t / 'absent.csv'}"], "absent.csv"),
+    ("JSON lines file with a broken line", lambda t: [
+        "finetune", "finetune.dataset=jsonl", "finetune.train_file=" + str(
+            _write(t / "train.jsonl", '{"text": "a", "label": "x"}\n{"text": "b",\n'))],
+     "train.jsonl"),
+    ("fine-tuning from a model file that is missing",
+     lambda t: [*_csv(t), f"finetune.init_from={t / 'gone.keras'}"], "gone.keras"),
+    ("fine-tuning from a .keras file carrying code (safe mode)",
+     lambda t: [*_csv(t), f"finetune.init_from={_evil_keras(t / 'evil.keras')}"], "evil.keras"),
+]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A run directory whose four stages completed (configs/test_tiny.yaml)."""
+    root = tmp_path_factory.mktemp("made")
+    make_corpus(root / "raw")
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *_run_args(root)]) == 0
+    return root
+
+
+def _run_args(root: Path) -> list[str]:
+    return [f"run_dir={root / 'run'}", f"corpus.path={root / 'raw'}/*.txt",
+            f"tracking.tracking_uri=sqlite:///{root / 'm.db'}", "tracking.register_encoder=false",
+            "finetune.register_model=false"]
+
+
+def _snapshot(run_dir: Path) -> dict:
+    """Every file of the run directory and its bytes' digest (the logs and lock aside)."""
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()
+            and p.relative_to(run_dir).parts[0] not in ("logs", ".pipeline.lock")}
+
+
+def test_the_table_has_at_least_25_rows():
+    assert len(BAD_INPUTS) >= 25 and len({name for name, _, _ in BAD_INPUTS}) == len(BAD_INPUTS)
+
+
+@pytest.mark.parametrize("name,argv,names", BAD_INPUTS, ids=[row[0] for row in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, argv, names, made, tmp_path,
+                                                           capsys):
+    shutil.copytree(made / "run", tmp_path / "run", ignore=shutil.ignore_patterns("logs"))
+    before = _snapshot(tmp_path / "run")
+    args = argv(tmp_path)
+    if "--config" not in args:
+        args += ["--config", "configs/test_tiny.yaml"]
+    keys = {a.split("=")[0] for a in args}
+    base = [f"run_dir={tmp_path / 'run'}", f"corpus.path={made / 'raw'}/*.txt",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}",
+            "tracking.register_encoder=false", "finetune.register_model=false"]
+    overrides = [a for a in base if a.split("=")[0] not in keys]
+    capsys.readouterr()
+    assert cli.main([*args, *overrides]) == 2
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err, (out + err)[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and names in errors[0], err[-2000:]
-    logs = list((tmp_path / "run" / "logs").glob("*.log"))
-    assert logs and "Traceback" in logs[0].read_text()  # the details, for whoever debugs it
+    assert _snapshot(tmp_path / "run") == before  # nothing overwritten, nothing added
+    logs = list((tmp_path / "run" / "logs").glob("*.log"))  # where the details go, if anywhere
+    assert all("error:" in log.read_text() for log in logs)

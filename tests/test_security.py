@@ -29,7 +29,7 @@ def test_a_keras_file_with_code_in_it_is_refused(tmp_path):
     path = tmp_path / "evil.keras"
     keras.Model(inputs, outputs).save(path)
     ran.unlink(missing_ok=True)
-    with pytest.raises(ValueError, match="safe_mode"):
+    with pytest.raises(ValueError, match="Keras safe mode"):
         task_model.load_backbone(path)
     assert not ran.exists()
 

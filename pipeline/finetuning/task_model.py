@@ -79,7 +79,14 @@ def load_backbone(model_path: Path):
     """The BERT encoder inside a saved model (a pretrainer, a task model or an encoder)."""
     with warnings.catch_warnings():  # the pretrainer's optimizer state is not needed here
         warnings.filterwarnings("ignore", message=".*Skipping variable loading for optimizer.*")
-        model = keras.models.load_model(str(model_path), compile=False)
+        try:
+            model = keras.models.load_model(str(model_path), compile=False)
+        except ValueError as err:
+            if "safe_mode" not in str(err):
+                raise
+            raise FinetuneError(
+                f"{model_path} holds Python code (a Lambda layer's function): not loaded, "
+                f"Keras safe mode; give a model written by the pretrain or finetune stage") from err
     if hasattr(model, "backbone"):
         return model.backbone
     if all(name in getattr(model, "input", {}) for name in INPUTS):
