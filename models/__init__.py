@@ -21,7 +21,22 @@ _EXPORTS = {
     "schedules": "models.schedules",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "load_keras"])
+
+# Every module that registers Keras classes (`register_keras_serializable`): a saved model names
+# them, and Keras finds them only once their module has been imported.
+SERIALIZABLE_MODULES = ("models.bert", "models.heads", "models.optimizers", "models.preprocessor",
+                        "models.pretraining", "models.schedules", "models.window_heads")
+
+
+def load_keras(path, **kwargs):
+    """`keras.saving.load_model` (safe mode: no code from the file runs) with every class of
+    this package registered first, in any process, whatever it imported before."""
+    for module in SERIALIZABLE_MODULES:
+        importlib.import_module(module)
+    import keras
+
+    return keras.saving.load_model(str(path), **kwargs)
 
 
 def __getattr__(name: str):

@@ -439,15 +439,12 @@ def load_keras(path) -> object:
                           f"layer structure to break down; pass the model.keras beside it)")
     import warnings
 
-    import keras
-
-    import models.heads  # noqa: F401 - registers the fine-tuning models
-    import models.pretraining  # noqa: F401 - registers BertEncoder / BertPretrainer
+    from models import load_keras  # registers every class of the package first
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            return keras.saving.load_model(str(path), compile=False)
+            return load_keras(path, compile=False)
     except Exception as err:  # noqa: BLE001 - reported as bad input
         raise ParamsError(f"could not load {path} as a Keras model: {err}") from err
 

@@ -75,3 +75,26 @@ def test_servers_listen_on_localhost_unless_told_otherwise():
     told = subprocess.run(["make", "-n", "ui", "HOST=0.0.0.0"], cwd=PROJECT,
                           capture_output=True, text=True, check=True).stdout
     assert "--host 0.0.0.0" in told
+
+
+def test_every_saved_model_loads_in_a_fresh_process(tmp_path):
+    """Saved models name the project's classes; the loaders register them first (a fresh
+    process that imported nothing else loads a pretrainer for fine-tuning), and every load
+    goes through models.load_keras (safe mode)."""
+    import re
+    import sys
+
+    from models import BertEncoder, BertPretrainer
+
+    path = tmp_path / "model.keras"
+    BertPretrainer(BertEncoder(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8,
+                               intermediate_dim=16, max_sequence_length=16)).save(path)
+    code = ("import sys; from pipeline.finetuning import task_model; "
+            "print(type(task_model.load_backbone(sys.argv[1])).__name__)")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "BertEncoder", done.stderr[-2000:]
+    direct = [str(p.relative_to(PROJECT)) for folder in ("pipeline", "models", "bench")
+              for p in (PROJECT / folder).rglob("*.py")
+              if re.search(r"keras\.(saving|models)\.load_model\(", p.read_text())]
+    assert direct == ["models/__init__.py"]

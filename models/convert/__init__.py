@@ -141,14 +141,12 @@ def load_pretrainer(path) -> Imported:
         return import_huggingface(path)
     if kind == "google":
         return import_google(path)
-    import keras
-
-    import models.pretraining  # noqa: F401  (registers BertEncoder / BertPretrainer for deserialisation)
+    from models import load_keras  # registers every class of the package first
 
     with warnings.catch_warnings():
         # A Task compiles itself on construction; the file holds no optimizer state to load.
         warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
-        model = keras.saving.load_model(str(path), compile=False)
+        model = load_keras(path, compile=False)
     if not hasattr(model, "backbone"):
         raise ConversionError(f"{path}: holds a {type(model).__name__}, not a BertPretrainer")
     vocab_file = Path(path).parent / "vocab.txt"

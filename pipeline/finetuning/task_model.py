@@ -11,6 +11,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+import models
 from models import heads
 from models.schedules import WarmupPolynomialDecay
 from pipeline import artifacts
@@ -80,7 +81,7 @@ def load_backbone(model_path: Path):
     with warnings.catch_warnings():  # the pretrainer's optimizer state is not needed here
         warnings.filterwarnings("ignore", message=".*Skipping variable loading for optimizer.*")
         try:
-            model = keras.models.load_model(str(model_path), compile=False)
+            model = models.load_keras(model_path, compile=False)
         except ValueError as err:
             if "safe_mode" not in str(err):
                 raise

@@ -106,14 +106,12 @@ def load_model(path: str | Path) -> LoadedModel:
     """Loads a `.keras` pretrainer or a SavedModel directory with a `serve` endpoint."""
     path = _require_model(Path(path))
     if path.is_file() and path.suffix == ".keras":
-        import keras
-
-        import models  # noqa: F401 - registers BertEncoder / BertPretrainer for deserialization
+        import models
 
         try:
             with warnings.catch_warnings():  # "Skipping variable loading for optimizer"
                 warnings.simplefilter("ignore", UserWarning)
-                model = keras.saving.load_model(str(path), compile=False)
+                model = models.load_keras(path, compile=False)
         except Exception as err:  # noqa: BLE001 - reported as bad input
             raise InspectError(f"could not load {path} as a Keras model: {err}") from err
         loaded = as_model(model)

@@ -100,8 +100,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         import json as json_lib
 
-        import keras
-
+        import models
         from models.preprocessor import TextPreprocessor
         from models.tokenizer import vocab_tokens
 
@@ -111,7 +110,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
                      if meta else True)
         with warnings.catch_warnings():  # the pretrainer's optimizer state is not needed here
             warnings.filterwarnings("ignore", message=".*Skipping variable loading.*")
-            model = keras.models.load_model(context.artifacts["model_keras"], compile=False)
+            model = models.load_keras(context.artifacts["model_keras"], compile=False)
         self.backbone = getattr(model, "backbone", model)
         self.pre = TextPreprocessor(vocab_tokens(vocab_file.read_text(encoding="utf-8")),
                                     lowercase, int(self.backbone.max_sequence_length))

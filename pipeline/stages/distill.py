@@ -31,6 +31,7 @@ import time
 import keras
 import mlflow
 
+import models
 from models import distill as distill_lib
 from models import heads
 from pipeline import artifacts
@@ -87,7 +88,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
                                       *data.tests.items())}
 
     # 2. Teacher and student.
-    teacher = keras.models.load_model(str(tpaths.model_keras), compile=False)
+    teacher = models.load_keras(tpaths.model_keras, compile=False)
     if not isinstance(teacher, heads.BertClassifier):
         raise DistillError(f"{tpaths.model_keras} holds a {type(teacher).__name__}, not a "
                            f"BertClassifier")

@@ -41,14 +41,11 @@ class Predictor:
 
     def keras_parts(self):
         if self._model is None:
-            import keras
-
-            import models.heads  # noqa: F401 - registers the task models
-            import models.window_heads  # noqa: F401 - and the long-document classifier
+            import models
             from models.preprocessor import TextPreprocessor
             from pipeline.text.vocab import read_vocab
 
-            self._model = keras.models.load_model(self.paths.model_keras, compile=False)
+            self._model = models.load_keras(self.paths.model_keras, compile=False)
             self._pre = TextPreprocessor(read_vocab(self.paths.vocab_file),
                                          self.info["lowercase"], self.info["max_seq_length"])
         return self._model, self._pre
