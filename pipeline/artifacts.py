@@ -31,6 +31,7 @@ interrupted or failed stage leaves the previous complete output (or nothing).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
@@ -294,3 +295,65 @@ def sha256_file(path: Path) -> str:
 def write_text_atomic(final: Path, text: str) -> None:
     with atomic_file(final) as handle:
         handle.write(text)
+
+
+# ---------------------------------------------------------------------------
+# Checksums of a stage's outputs, written last and verified before use.
+# ---------------------------------------------------------------------------
+CHECKSUMS = "checksums.json"
+
+
+class AlteredArtifact(ValueError):
+    """An output no longer matches the checksums written when its stage completed."""
+
+
+def tfrecord_count(path: Path) -> int:
+    """Records in a TFRecord file, by walking its framing (8-byte length, 4-byte CRC, data,
+    4-byte CRC); a file that ends inside a record raises AlteredArtifact."""
+    size, count, offset = path.stat().st_size, 0, 0
+    with open(path, "rb") as handle:
+        while offset < size:
+            header = handle.read(8)
+            if len(header) < 8:
+                raise AlteredArtifact(f"{path} ends inside a record header (truncated)")
+            length = int.from_bytes(header, "little")
+            offset += 16 + length
+            if offset > size:
+                raise AlteredArtifact(f"{path} ends inside record {count + 1} (truncated)")
+            handle.seek(offset)
+            count += 1
+    return count
+
+
+def write_checksums(folder: Path) -> dict:
+    """Writes <folder>/checksums.json: every file below it (but this one) with its bytes and
+    sha256, and for TFRecords its record count. Call it last, inside the folder aside."""
+    files = {}
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != CHECKSUMS):
+        entry = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        if path.suffix == ".tfrecord":
+            entry["records"] = tfrecord_count(path)
+        files[str(path.relative_to(folder))] = entry
+    (Path(folder) / CHECKSUMS).write_text(json.dumps({"files": files}, indent=1))
+    return files
+
+
+def verify_checksums(folder: Path, rebuild: str) -> None:
+    """Checks every file named in <folder>/checksums.json (bytes, then sha256); a missing,
+    truncated or altered one raises AlteredArtifact naming it and `rebuild`, the command that
+    makes it again. A folder written before checksums existed passes."""
+    listing = Path(folder) / CHECKSUMS
+    if not listing.is_file():
+        return
+    for name, entry in json.loads(listing.read_text())["files"].items():
+        path = Path(folder) / name
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != entry["bytes"]:
+            problem = (f"has {path.stat().st_size:,} bytes, {entry['bytes']:,} when it was "
+                       f"written (truncated or altered)")
+        elif sha256_file(path) != entry["sha256"]:
+            problem = "was altered since it was written (its sha256 differs)"
+        else:
+            continue
+        raise AlteredArtifact(f"{path} {problem}; rebuild it: {rebuild}")

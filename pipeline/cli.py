@@ -140,6 +140,7 @@ def main(argv=None) -> int:
 def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int:
     import mlflow
 
+    from pipeline import artifacts
     from pipeline.tracking import lineage
     from pipeline.tracking import runs as tracking
 
@@ -159,6 +160,10 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
             for stage in stages:
                 fp = lineage.fingerprint(stage, config, paths)
                 marker = None if force else lineage.is_current(stage, paths, fp)
+                if (marker and stage == "data") or "data" in SPECS[stage].upstream:
+                    # The shards as the data stage wrote them, before anything is reused,
+                    # set aside or trained (a truncated or altered one: exit 2, named).
+                    artifacts.verify_checksums(paths.data_dir, "make data ARGS=--force")
                 if marker:
                     log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
                         f"made by MLflow run {marker.get('mlflow_run_id')})")
@@ -266,6 +271,7 @@ def _is_user_error(err: Exception) -> bool:
     from pipeline.training import pretrainer
 
     if isinstance(err, (config_lib.ConfigError, sources.CorpusError, artifacts.MissingArtifact,
+                        artifacts.AlteredArtifact,
                         pretrainer.PretrainError)):
         return True
     # Errors raised inside Beam workers arrive wrapped; our messages say how to fix them.

@@ -150,3 +150,42 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, argv, names, mad
     assert _snapshot(tmp_path / "run") == before  # nothing overwritten, nothing added
     logs = list((tmp_path / "run" / "logs").glob("*.log"))  # where the details go, if anywhere
     assert all("error:" in log.read_text() for log in logs)
+
+
+def _shard(run: Path) -> Path:
+    return sorted((run / "data").glob("train-*.tfrecord"))[0]
+
+
+@pytest.mark.parametrize("damage", ["truncated mid-record", "one byte altered"])
+def test_a_damaged_shard_is_named_before_any_work(damage, made, tmp_path, capsys):
+    """The data stage writes every shard's bytes, sha256 and record count last
+    (data/checksums.json); the pretrain stage and the reuse of the data stage check them
+    first: a damaged shard is exit 2 naming it and the command that rebuilds it."""
+    import json
+
+    from pipeline import artifacts
+
+    shutil.copytree(made / "run", tmp_path / "run", ignore=shutil.ignore_patterns("logs"))
+    run = tmp_path / "run"
+    listed = json.loads((run / "data" / "checksums.json").read_text())["files"]
+    shard = _shard(run)
+    assert listed[shard.name]["records"] == artifacts.tfrecord_count(shard) > 0
+    data = bytearray(shard.read_bytes())
+    if damage == "truncated mid-record":
+        shard.write_bytes(bytes(data[: len(data) - 7]))
+        with pytest.raises(artifacts.AlteredArtifact, match="truncated"):
+            artifacts.tfrecord_count(shard)
+    else:
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    args = [f"run_dir={run}", f"corpus.path={made / 'raw'}/*.txt",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}", "--config",
+            "configs/test_tiny.yaml"]
+    for stages in (["pretrain", "--force"], ["data"], ["all"]):
+        capsys.readouterr()
+        assert cli.main([*stages, *args]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("error:")]
+        assert len(errors) == 1 and shard.name in errors[0], errors
+        assert "make data ARGS=--force" in errors[0]
+    assert not list((run / "pretrain").glob("checkpoints.aside-*"))  # refused before --force acted

@@ -64,6 +64,8 @@ def run(config: Config, log=print) -> dict:
                     stats["phases"][i][split] = phase_stats
             stats[split] = per_phase[0]
         (tmp / paths.data_stats.name).write_text(json.dumps(stats, indent=2))
+        # Last: every shard's bytes, sha256 and record count, verified before any use.
+        stats["files"] = artifacts.write_checksums(tmp)
     train, held = stats["train"], stats["eval"]
     pair = (f"NSP random {train['nsp_random_fraction']:.3f}" if dc.objective == "nsp"
             else f"SOP swapped {train['sop_swapped_fraction']:.3f}")
