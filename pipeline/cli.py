@@ -162,7 +162,8 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                 marker = None if force else lineage.is_current(stage, paths, fp)
                 if (marker and stage == "data") or "data" in SPECS[stage].upstream:
                     # The shards as the data stage wrote them, before anything is reused,
-                    # set aside or trained (a truncated or altered one: exit 2, named).
+                    # set aside or trained (a truncated or altered one: exit 2, named); the
+                    # one check of them, for every stage that reads them.
                     artifacts.verify_checksums(paths.data_dir, "make data ARGS=--force")
                 if marker:
                     log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "

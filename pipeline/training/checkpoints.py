@@ -92,11 +92,8 @@ def shaping_settings(config_dict: dict, defaults: dict) -> dict:
         values = {**defaults.get(section, {}), **(config_dict.get(section) or {})}
         for key in defaults.get(section, {}):
             flat[f"{section}.{key}"] = values[key]
-    if flat.get("train.decay_over") != "max_seconds":
-        flat = {k: v for k, v in flat.items() if k not in NOT_SHAPING}
-    else:
-        flat = {k: v for k, v in flat.items() if k not in NOT_SHAPING - {"train.max_seconds"}}
-    return flat
+    budget = {"train.max_seconds"} if flat.get("train.decay_over") == "max_seconds" else set()
+    return {k: v for k, v in flat.items() if k not in NOT_SHAPING - budget}
 
 
 def settings_changes(saved: dict, current: dict, defaults: dict) -> list[str]:

@@ -29,8 +29,6 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
     vocab_job.check_vocab(str(paths.vocab_file))
     vocabulary_size = sum(1 for _ in open(paths.vocab_file, encoding="utf-8"))
     stats = json.loads(artifacts.require(paths.data_stats, "the pretraining data", "data").read_text())
-    # The shards as the data stage wrote them (a truncated or altered one: exit 2, before work).
-    artifacts.verify_checksums(paths.data_dir, "make data ARGS=--force")
     made = stats["settings"]
     keys = ("max_seq_length", "max_predictions_per_seq", "masking")
     if config.data.phases:  # the shape of each phase, against data.phases
