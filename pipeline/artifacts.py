@@ -19,6 +19,8 @@ A run directory (config key `run_dir`, default `runs/default`) holds:
     multitask/<name>/                       one encoder, a head per task (see MultitaskArtifacts)
     distill/<name>/                         a distilled student: the finetune layout + distill.json
     retrieval/brown_eval.json               `retrieval-eval`: symmetric vs passage retrieval on Brown
+    tracking/outbox.jsonl                   MLflow calls kept while the tracking store was down
+                                            (sent later: pipeline/tracking/outbox.py)
 
 Project-level (shared by all runs): `data/downloads/` (registry packages fetched by
 `make setup`), `mlflow.db` and `mlartifacts/` (the default MLflow store).
@@ -119,6 +121,8 @@ class Artifacts:
         self.distill_root = self.root / "distill"
         # logs of each invocation
         self.logs_dir = self.root / "logs"
+        # MLflow calls kept while the tracking store was down (pipeline/tracking/outbox.py)
+        self.tracking_outbox = self.root / "tracking" / "outbox.jsonl"
 
     def output_dir(self, stage: str) -> Path:
         """The folder a stage writes (its `output` in pipeline/stage_spec.py)."""

@@ -55,6 +55,8 @@ TOOLS = {
     "predict": "pipeline.tools.predict:main",
     "retrieval-eval": "pipeline.tools.retrieval_eval:main",  # symmetric vs passage-level search
     "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
+    # MLflow calls a run kept while the tracking store was down, sent now
+    "tracking-sync": "pipeline.tracking.outbox:main",
 }
 
 
@@ -138,12 +140,11 @@ def main(argv=None) -> int:
 
 
 def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int:
-    import mlflow
-
     from pipeline import artifacts
-    from pipeline.tracking import lineage
+    from pipeline.tracking import lineage, outbox
     from pipeline.tracking import runs as tracking
 
+    outbox.set_http_patience()  # a dead tracking server costs seconds, not minutes per call
     results, ran = {}, []
     # Under train.strategy = multi_worker every worker runs this command; only the chief takes
     # the run directory's lock, creates MLflow runs and writes stage markers (it also writes
@@ -169,7 +170,7 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                     log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
                         f"made by MLflow run {marker.get('mlflow_run_id')})")
                     if chief:
-                        mlflow.set_tags({f"stage.{stage}": "reused",
+                        outbox.set_tags({f"stage.{stage}": "reused",
                                          f"stage.{stage}.run_id": marker.get("mlflow_run_id", ""),
                                          f"stage.{stage}.link": tracking.run_link(
                                              marker.get("mlflow_run_id", ""))})
@@ -185,30 +186,47 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                     # Inputs are hashed again after the run: the stage may have created them.
                     fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
                     if chief:
-                        mlflow.set_tags(lineage.tags(stage, fp))
+                        outbox.set_tags(lineage.tags(stage, fp))
                 if chief:
                     lineage.write_marker(stage, paths, fp, run.info.run_id)
-                    mlflow.set_tags({f"stage.{stage}": "ran",
+                    outbox.set_tags({f"stage.{stage}": "ran",
                                      f"stage.{stage}.run_id": run.info.run_id})
                 ran.append(stage)
     except AlreadyRunning as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
     except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
-        if _is_user_error(err):
-            from pipeline import logs
-
-            print(f"error: {err}", file=sys.stderr)  # one line; the traceback: the log file
-            logs.to_file(f"error: {err}\n{traceback.format_exc()}")
-            return EXIT_BAD_INPUT
-        traceback.print_exc()
-        log(f"failed: {err!r}\n{traceback.format_exc()}")
-        return EXIT_FAILED
+        return _failed(err, config, log)
     _summary(config, paths, results, log)
     if scheduled and not ran:
         log("nothing to do: every stage is up to date")
         return EXIT_NOTHING_TO_DO
     return EXIT_OK
+
+
+def _failed(err: Exception, config, log) -> int:
+    """The exit code for an error that ended the invocation, with its one-line message (bad
+    input, a tracking store that does not answer) or its traceback (anything unexpected)."""
+    from pipeline import logs
+    from pipeline.tracking import outbox
+    from pipeline.tracking import runs as tracking
+
+    if _is_user_error(err):
+        print(f"error: {err}", file=sys.stderr)  # one line; the traceback: the log file
+        logs.to_file(f"error: {err}\n{traceback.format_exc()}")
+        return EXIT_BAD_INPUT
+    if outbox.is_outage(err):
+        # Starting a run needs the store; nothing was lost (a stage already under way finishes
+        # through the outbox instead: pipeline/tracking/outbox.py), so a re-run goes on.
+        print(f"error: the tracking store {tracking.tracking_uri(config)} does not answer "
+              f"({str(err).splitlines()[0][:160]}); start it (`make ui` serves the default "
+              f"store) or point tracking.tracking_uri / MLFLOW_TRACKING_URI at one that "
+              f"answers, then run again", file=sys.stderr)
+        logs.to_file(f"error: {err}\n{traceback.format_exc()}")
+        return EXIT_BAD_INPUT
+    traceback.print_exc()
+    log(f"failed: {err!r}\n{traceback.format_exc()}")
+    return EXIT_FAILED
 
 
 def _is_chief(config) -> bool:

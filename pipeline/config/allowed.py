@@ -38,6 +38,7 @@ CHOICES = {
 
 # (key, lowest allowed, highest allowed, inclusive low?)
 RANGES = [
+    ("tracking.retry_seconds", 0.0, None, False),
     ("corpus.eval_fraction", 0.0, 0.5, False),
     ("corpus.max_line_chars", 1, None, True),
     ("vocab.size", 10, 1_000_000, True),

@@ -217,6 +217,10 @@ class TrackingConfig:
     # bert-encoder-<run directory name>. finetune.init_from takes models:/<name>@<alias>.
     register_encoder: bool = True
     encoder_name: str = ""
+    # When the tracking store stops answering, what stages log is kept in
+    # <run_dir>/tracking/outbox.jsonl and the store is tried again after this many seconds
+    # (pipeline/tracking/outbox.py; `python -m pipeline tracking-sync` sends what is left).
+    retry_seconds: float = 30.0
 
 
 @dataclass

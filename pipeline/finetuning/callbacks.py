@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 
 import keras
-import mlflow
 import numpy as np
+
+from pipeline.tracking import outbox
 
 
 # ---------------------------------------------------------------------------
@@ -32,8 +33,8 @@ class EpochEvaluator(keras.callbacks.Callback):
                  "train_loss": float((logs or {}).get("loss", np.nan)),
                  **{f"val_{k}": v for k, v in result.items() if isinstance(v, float)}}
         self.history.append(entry)
-        if self.to_mlflow and mlflow.active_run():
-            mlflow.log_metrics({k: v for k, v in entry.items() if k not in ("epoch", "step")},
+        if self.to_mlflow:  # kept if the tracking store is down (pipeline/tracking/outbox.py)
+            outbox.log_metrics({k: v for k, v in entry.items() if k not in ("epoch", "step")},
                                step=step)
         value = result[self.metric]
         self.log(f"finetune: epoch {epoch + 1}  step {step}  loss {entry['train_loss']:.4f}  "
@@ -62,6 +63,5 @@ class Progress(keras.callbacks.Callback):
         rate = (step - self.last[1]) * self.batch_size / max(now - self.last[0], 1e-9)
         self.last = (now, step)
         loss = float((logs or {}).get("loss", np.nan))
-        if mlflow.active_run():
-            mlflow.log_metrics({"train_loss": loss, "examples_per_second": rate}, step=step)
+        outbox.log_metrics({"train_loss": loss, "examples_per_second": rate}, step=step)
         self.log(f"finetune: step {step}/{self.total}  loss {loss:.4f}  {rate:,.0f} examples/s")

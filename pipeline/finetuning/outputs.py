@@ -19,6 +19,7 @@ from pipeline.config import Config
 from pipeline.finetuning import metrics, readers
 from pipeline.finetuning.evaluation import confusion_matrix_png
 from pipeline.finetuning.task_model import output_name, predict_outputs, resolve_init, windowed
+from pipeline.tracking import outbox
 
 
 def registered_name(fc) -> str:
@@ -107,13 +108,16 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         if key in results:
             flat[key] = float(results[key])
     flat["finetune_seconds"] = results["seconds"]
-    mlflow.log_metrics(flat)
+    outbox.log_metrics(flat)  # kept if the tracking store is down
     for path in (paths.metrics, paths.splits, paths.task_json, paths.config,
                  paths.test_predictions, paths.confusion_matrix):
         if path.exists():
-            mlflow.log_artifact(str(path), "finetune")
-    mlflow.log_artifact(str(paths.model_keras), "finetune")
-    if task in export.SERVING_TASKS and fc.register_model:
+            outbox.log_artifact(path, "finetune")
+    outbox.log_artifact(paths.model_keras, "finetune")
+    if task in export.SERVING_TASKS and fc.register_model and outbox.is_down():
+        log(f"warning: finetune: the tracking store is down, so the model in {paths.dir} is not "
+            f"registered; register it later by running the stage again with --force")
+    elif task in export.SERVING_TASKS and fc.register_model:
         name = registered_name(fc)
         uri, version = mlflow_model.log_to_mlflow(paths.dir, info, name)
         mlflow.set_tags({"finetune.model_uri": uri, "finetune.registered_model": name})

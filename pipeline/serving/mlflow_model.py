@@ -161,6 +161,16 @@ def log_encoder(model_keras, vocab_file, registered_model: str = "") -> tuple[st
     return info.model_uri, str(version) if version else ""
 
 
+def register_encoder(model_keras, vocab_file, name: str) -> tuple[str, str]:
+    """`log_encoder` under the active run, saying so on the pipeline's log: what the pretrain
+    stage does last (through the tracking outbox, so a store that is down defers it)."""
+    uri, version = log_encoder(model_keras, vocab_file, name)
+    logging.getLogger("pipeline").info(
+        f"pretrain: the encoder is MLflow model {uri}, registered as {name!r} version "
+        f"{version} (fine-tune from it: finetune.init_from=models:/{name}/{version})")
+    return uri, version
+
+
 def download_model_files(uri: str, dest: Path) -> tuple[Path, Path | None]:
     """(model.keras, vocab.txt or None) of an MLflow model or run artifact URI (models:/…,
     runs:/…), downloaded under `dest`."""

@@ -44,8 +44,8 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
-from pipeline.serving import mlflow_model
 from pipeline.serving.export import export
+from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.checkpoints import latest_checkpoint
@@ -132,21 +132,20 @@ def run(config: Config, log=print) -> dict:
                                         json.dumps(outcome["heldout"], indent=1))
         export(model, paths)
         if mlflow.active_run():
-            mlflow.set_tag("pretrain.weights_sha256", digest)
-            mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
+            # Through the outbox: a tracking store that went away is not the end of a run.
+            outbox.set_tags({"pretrain.weights_sha256": digest})
+            outbox.log_metrics({k: v for k, v in results.items() if k != "step"},
                                step=results["step"])
-            mlflow.log_artifact(str(paths.pretrain_eval), "pretrain")
-            mlflow.log_artifact(str(paths.pretrain_config), "pretrain")
+            outbox.log_artifact(paths.pretrain_eval, "pretrain")
+            outbox.log_artifact(paths.pretrain_config, "pretrain")
             if outcome["heldout"]:
-                mlflow.log_artifact(str(paths.heldout_curve), "pretrain")
-            mlflow.log_artifact(str(paths.model_keras), "model")
-            mlflow.log_artifacts(str(paths.saved_model), "model/saved_model")
+                outbox.log_artifact(paths.heldout_curve, "pretrain")
+            outbox.log_artifact(paths.model_keras, "model")
+            outbox.log_artifact(paths.saved_model, "model/saved_model")
             if config.tracking.register_encoder:
                 name = config.tracking.encoder_name or f"bert-encoder-{paths.root.name}"
-                uri, version = mlflow_model.log_encoder(paths.model_keras, paths.vocab_file, name)
-                log(f"pretrain: the encoder is MLflow model {uri}, registered as {name!r} "
-                    f"version {version} (fine-tune from it: finetune.init_from=models:/{name}/"
-                    f"{version})")
+                outbox.deferred("pipeline.serving.mlflow_model:register_encoder",
+                                [str(paths.model_keras), str(paths.vocab_file), name])
             review_plots(model, config, paths, history, log)
     return {"parameters": outcome["parameters"], "start_step": outcome["start_step"],
             "weights_sha256": digest, "history": history,

@@ -28,6 +28,7 @@ import mlflow
 
 from pipeline import artifacts
 from pipeline import config as config_lib
+from pipeline.tracking import outbox
 
 
 def flat_metrics(stats: dict, prefix: str) -> dict:
@@ -100,16 +101,47 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
         "mlflow.note.content": f"Pipeline invocation running stages: {', '.join(stages)}.",
     }
     mlflow.set_experiment(experiment_id=experiment_id)  # the stage runs nest in the same one
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline: {' → '.join(stages)}",
-                          tags=tags) as run:
-        mlflow.log_params(config_lib.to_flat_dict(config))
-        mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
-        yield run
+    run = mlflow.start_run(experiment_id=experiment_id,
+                           run_name=f"pipeline: {' → '.join(stages)}", tags=tags)
+    # From here on what the stages log survives the store going away (kept in the run dir).
+    kept = outbox.configure(artifacts.Artifacts(config.run_dir).tracking_outbox,
+                            logging.getLogger("pipeline").info, config.tracking.retry_seconds)
+    try:
+        with _ending(run):
+            mlflow.log_params(config_lib.to_flat_dict(config))
+            mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
+            if kept:  # calls an earlier invocation on this run dir could not send
+                sent, left = outbox.flush()
+                logging.getLogger("pipeline").info(
+                    f"tracking: sent {sent} MLflow calls an earlier run kept while the store was "
+                    f"down" + (f" ({left} still kept)" if left else ""))
+            yield run
+    finally:
+        outbox.configure(None)
+
+
+@contextlib.contextmanager
+def _ending(run):
+    """Ends `run` as FINISHED, or FAILED if the block raises, through the outbox: a tracking
+    store that went away meanwhile does not turn a finished stage into a crash."""
+    try:
+        yield
+    except BaseException:
+        if _is_active(run):
+            outbox.end_run("FAILED")
+        raise
+    if _is_active(run):
+        outbox.end_run("FINISHED")
+
+
+def _is_active(run) -> bool:
+    active = mlflow.active_run()
+    return active is not None and active.info.run_id == run.info.run_id
 
 
 def run_link(run_id: str) -> str:
     """The MLflow UI's address of a run, relative to the UI root (paste after the host)."""
-    if not run_id:
+    if not run_id or outbox.is_down():
         return ""
     try:
         experiment_id = mlflow.get_run(run_id).info.experiment_id
@@ -140,12 +172,12 @@ def stage_run(name: str, config: config_lib.Config, description: str = "", tags:
     else:
         active = mlflow.start_run(run_name=name, nested=True, tags=tags,
                                   log_system_metrics=name in TRAINING_STAGES and _has_psutil())
-    with active as run:
+    with _ending(active):
         log_params(config_lib.to_flat_dict(config))
         mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
         start = time.time()
-        yield run
-        mlflow.log_metric("stage_seconds", time.time() - start)
+        yield active
+        outbox.log_metrics({"stage_seconds": time.time() - start})
 
 
 # ---------------------------------------------------------------------------
@@ -205,8 +237,8 @@ def child_run(name: str, parent_run_id: str, tags: dict | None = None, resume_ru
         created = client.create_run(experiment, run_name=name, tags=registry.resolve_tags(
             {**tags, "mlflow.parentRunId": parent_run_id, "mlflow.runName": name}))
         active = mlflow.start_run(run_id=created.info.run_id, nested=True)
-    with active as run:
-        yield run
+    with _ending(active):
+        yield active
 
 
 def log_params(params: dict) -> None:

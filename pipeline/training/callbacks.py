@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import keras
-import mlflow
 import numpy as np
 
 from pipeline import artifacts
+from pipeline.tracking import outbox
 from pipeline.training.checkpoints import CHECKPOINT_RE, global_step
 
 
@@ -94,8 +94,8 @@ class StepLogger(keras.callbacks.Callback):
                               / self.peak_flops)
         self.last_time, self.last_step = now, step
         self.history.append((step, metrics))
-        if self.to_mlflow and mlflow.active_run():
-            mlflow.log_metrics(metrics, step=step)
+        if self.to_mlflow:
+            outbox.log_metrics(metrics, step=step)  # kept if the tracking store is down
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
         self.log(f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
                  f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  "
@@ -248,6 +248,6 @@ class HeldOutProbe(keras.callbacks.Callback):
                 metrics[f"time_to_mlm_acc_{level:g}"] = seconds
                 self.log(f"{self.prefix}: held-out MLM accuracy reached {level:g} at step {step}, "
                          f"{seconds:,.0f} s of training")
-        if self.to_mlflow and mlflow.active_run():
-            mlflow.log_metrics(metrics, step=step)
+        if self.to_mlflow:
+            outbox.log_metrics(metrics, step=step)
         return accuracy

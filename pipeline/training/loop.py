@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from pipeline import artifacts
 from pipeline.artifacts import Artifacts
+from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
 from pipeline.training import inputs
 from pipeline.training import strategy as strategy_lib
@@ -174,8 +175,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     digest = weights_digest(model)
     log(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
     if chief and phase.index and mlflow.active_run():
-        mlflow.set_tag("pretrain.weights_sha256", digest)
-        mlflow.log_metrics({k: v for k, v in results.items() if k != "step"},
+        outbox.set_tags({"pretrain.weights_sha256": digest})
+        outbox.log_metrics({k: v for k, v in results.items() if k != "step"},
                            step=results["step"])
     heldout = ({"curve": probe.curve, "reached": {f"{k:g}": v for k, v in probe.reached.items()},
                 "every": tc.heldout_every, "batches": tc.heldout_batches} if probe else None)

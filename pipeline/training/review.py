@@ -4,10 +4,9 @@ fixed probe sentences.
 
 from __future__ import annotations
 
-import mlflow
-
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
+from pipeline.tracking import outbox
 
 
 def review_plots(model, config: Config, paths: Artifacts, history: list, log=print) -> None:
@@ -29,12 +28,14 @@ def review_plots(model, config: Config, paths: Artifacts, history: list, log=pri
                 axes.set_xlabel("step")
                 axes.legend()
             figure.tight_layout()
-            mlflow.log_figure(figure, "plots/training_curves.png")
+            curves = paths.pretrain_dir / "training_curves.png"
+            figure.savefig(curves)
+            outbox.log_artifact(curves, "plots")
         from pipeline.inspection import plots
 
         out_dir = paths.pretrain_dir / "attention"
         plots.log_attention_probes(model, paths.vocab_file, out_dir,
                                    lowercase=config.vocab.lowercase)
-        mlflow.log_artifacts(str(out_dir), "plots/attention")
+        outbox.log_artifact(out_dir, "plots/attention")
     except Exception as err:  # noqa: BLE001 - the model is already saved; plots are extras
         log(f"pretrain: could not draw the review plots: {err!r}")

@@ -1,0 +1,388 @@
+"""When the tracking server goes away: MLflow calls that cannot reach it are kept in the run
+directory and sent when it answers again, so no logging call ends a long training.
+
+The CLI points the outbox at <run_dir>/tracking/outbox.jsonl (`configure`) once per invocation.
+What a running stage logs goes through `log_metrics`, `set_tags`, `log_artifact`, `log_text`,
+`deferred` and `end_run` here instead of mlflow's: each tries the store; if it does not answer
+(a refused or timed-out connection, a 5xx, a locked SQLite file: `is_outage`), the call is
+appended to the outbox with its original timestamp, one warning is printed, and for
+`RETRY_SECONDS` no further call waits on the network. The first call after that which reaches
+the store sends the outbox first, in order, so a metric history comes out as if nothing had
+happened. Whatever is still in the outbox when the invocation ends is sent by the next
+invocation on the same run directory, or by
+
+    python -m pipeline tracking-sync --config FILE [key=value ...]
+
+A run whose end could not be recorded stays RUNNING in the store until then (the outbox holds
+its FINISHED/FAILED with the time it really ended).
+
+Calls made while nothing is configured (a library user, a test) go straight to mlflow.
+Starting a run needs the store (its id comes from there): a store that is down when a stage
+starts is a one-line error (exit 2) naming it, before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+# After a failed call, this long passes before the store is tried again (calls in between
+# go straight to the outbox: a training step never waits on a dead server twice);
+# tracking.retry_seconds.
+RETRY_SECONDS = 30.0
+# How patient one MLflow HTTP call is (mlflow's defaults retry for minutes); set by the CLI
+# unless the environment already says otherwise.
+HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# MLflow error codes that mean "the store is not answering", not "the request is wrong".
+OUTAGE_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED",
+                "DEADLINE_EXCEEDED", "ENDPOINT_NOT_FOUND"}
+
+
+class _State:
+    path: Path | None = None
+    retry_seconds: float = RETRY_SECONDS
+    down_until: float = 0.0
+    pending: int = 0
+    warned: bool = False
+    log = staticmethod(print)
+
+
+_state = _State()
+
+
+def set_http_patience() -> None:
+    """Bounded MLflow HTTP retries (a few seconds, not minutes) unless already set."""
+    for key, value in HTTP_SETTINGS.items():
+        os.environ.setdefault(key, value)
+
+
+def configure(outbox_file: str | os.PathLike | None, log=print,
+              retry_seconds: float = RETRY_SECONDS) -> int:
+    """Keeps calls that cannot reach the store in `outbox_file` (None: none kept, calls go
+    straight to mlflow). Returns the number of calls already waiting there."""
+    _state.path = Path(outbox_file) if outbox_file else None
+    _state.retry_seconds = retry_seconds
+    _state.down_until, _state.warned, _state.log = 0.0, False, log
+    _state.pending = len(_read(_state.path)) if _state.path else 0
+    return _state.pending
+
+
+def is_outage(err: BaseException) -> bool:
+    """True if `err` says the tracking store did not answer (worth keeping the call for later),
+    False if the call itself was wrong (that is a bug to raise)."""
+    if isinstance(err, MlflowException):
+        # The REST client's own failures (no connection, a non-JSON 5xx from a proxy) say
+        # "API request to ..."; a busy SQLite store says "database is locked".
+        text = str(err)
+        return (err.error_code in OUTAGE_CODES
+                or "API request to" in text or "database is locked" in text)
+    if isinstance(err, (ConnectionError, TimeoutError)):
+        return True
+    module = type(err).__module__
+    return module.startswith(("requests", "urllib3", "sqlalchemy", "sqlite3"))
+
+
+def is_down() -> bool:
+    """True while the store is known not to answer (the outbox holds calls)."""
+    return _state.pending > 0 or time.time() < _state.down_until
+
+
+# ---------------------------------------------------------------------------
+# The calls a stage makes.
+# ---------------------------------------------------------------------------
+def _active_id(run_id: str | None) -> str | None:
+    if run_id:
+        return run_id
+    run = mlflow.active_run()
+    return run.info.run_id if run else None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def log_metrics(metrics: dict, step: int | None = None, run_id: str | None = None) -> None:
+    """mlflow.log_metrics for the active run (or `run_id`); kept if the store is down."""
+    run_id = _active_id(run_id)
+    if run_id and metrics:
+        ts = _now_ms()
+        submit({"op": "batch", "run_id": run_id,
+                "metrics": [[k, float(v), ts, int(step or 0)] for k, v in metrics.items()]})
+
+
+def set_tags(tags: dict, run_id: str | None = None) -> None:
+    run_id = _active_id(run_id)
+    if run_id and tags:
+        submit({"op": "batch", "run_id": run_id, "tags": {k: str(v) for k, v in tags.items()}})
+
+
+def log_artifact(local_path, artifact_path: str | None = None, run_id: str | None = None) -> None:
+    """A file or a folder (mlflow.log_artifact / log_artifacts), sent from where it lies."""
+    run_id = _active_id(run_id)
+    if run_id:
+        submit({"op": "artifact", "run_id": run_id, "path": str(Path(local_path).resolve()),
+                "artifact_path": artifact_path})
+
+
+def log_text(text: str, artifact_file: str, run_id: str | None = None) -> None:
+    run_id = _active_id(run_id)
+    if run_id:
+        submit({"op": "text", "run_id": run_id, "text": text, "artifact_file": artifact_file})
+
+
+def deferred(target: str, args: list, run_id: str | None = None) -> None:
+    """Calls "module:function"(*args) with `run_id` as the active run (e.g. logging and
+    registering a model), now, or from the outbox once the store answers. `args` must be JSON."""
+    run_id = _active_id(run_id)
+    if run_id:
+        submit({"op": "call", "run_id": run_id, "target": target, "args": list(args)})
+
+
+def end_run(status: str = "FINISHED") -> None:
+    """Ends the active run (mlflow.end_run); its end is kept if the store is down."""
+    run = mlflow.active_run()
+    if run is None:
+        return
+    end_time = _now_ms()
+    if _state.pending and time.time() >= _state.down_until:
+        flush()  # what was kept goes first (the run's last metrics before its end)
+    if not is_down():
+        try:
+            mlflow.end_run(status)
+            return
+        except Exception as err:  # noqa: BLE001 - an outage is kept, anything else re-raised
+            if not is_outage(err):
+                raise
+            _went_down(err)
+    else:
+        _pop_active_run()
+    _stop_system_metrics(run.info.run_id)
+    _append({"op": "terminate", "run_id": run.info.run_id, "status": status,
+             "end_time": end_time})
+
+
+def _pop_active_run() -> None:
+    """mlflow.end_run without its network call: the run is no longer the active one."""
+    from mlflow.tracking import fluent
+
+    stack = fluent._active_run_stack.get()
+    if stack:
+        stack.pop()
+        os.environ.pop("MLFLOW_RUN_ID", None)
+
+
+def _stop_system_metrics(run_id: str) -> None:
+    from mlflow.tracking import fluent
+
+    monitor = fluent.run_id_to_system_metrics_monitor.pop(run_id, None)
+    if monitor is not None:
+        monitor.finish()
+
+
+# ---------------------------------------------------------------------------
+# Sending, keeping, resending.
+# ---------------------------------------------------------------------------
+def submit(entry: dict) -> None:
+    """Sends `entry` (after whatever the outbox holds), or keeps it if the store is down."""
+    if _state.path is None:
+        _send(entry)
+        return
+    if time.time() < _state.down_until:
+        _append(entry)
+        return
+    try:
+        if _state.pending:
+            flush()
+            if _state.pending:  # still down
+                _append(entry)
+                return
+        _send(entry)
+    except Exception as err:  # noqa: BLE001 - an outage is kept, anything else re-raised
+        if not is_outage(err):
+            raise
+        _went_down(err)
+        _append(entry)
+
+
+def _send(entry: dict) -> None:
+    client = mlflow.MlflowClient()
+    run_id, op = entry["run_id"], entry["op"]
+    if op == "batch":
+        client.log_batch(
+            run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in entry.get("metrics", [])],
+            params=[Param(k, v) for k, v in entry.get("params", {}).items()],
+            tags=[RunTag(k, v) for k, v in entry.get("tags", {}).items()])
+    elif op == "artifact":
+        path = Path(entry["path"])
+        if not path.exists():
+            _state.log(f"warning: tracking: {path} is gone; its upload to run {run_id} is dropped")
+        elif path.is_dir():
+            client.log_artifacts(run_id, str(path), entry["artifact_path"])
+        else:
+            client.log_artifact(run_id, str(path), entry["artifact_path"])
+    elif op == "text":
+        client.log_text(run_id, entry["text"], entry["artifact_file"])
+    elif op == "terminate":
+        client.set_terminated(run_id, entry["status"], entry["end_time"])
+    elif op == "call":
+        import importlib
+
+        module, function = entry["target"].split(":")
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == run_id:
+            getattr(importlib.import_module(module), function)(*entry["args"])
+        else:
+            with mlflow.start_run(run_id=run_id, nested=active is not None):
+                getattr(importlib.import_module(module), function)(*entry["args"])
+    else:
+        raise ValueError(f"tracking outbox: unknown entry {op!r}")
+
+
+def _went_down(err: BaseException) -> None:
+    _state.down_until = time.time() + _state.retry_seconds
+    if not _state.warned:
+        _state.warned = True
+        reason = str(err).splitlines()[0][:200]
+        _state.log(f"warning: the tracking store {mlflow.get_tracking_uri()} does not answer "
+                   f"({reason}); training goes on, and what it logs is kept in {_state.path} "
+                   f"and sent when the store answers again (or: python -m pipeline "
+                   f"tracking-sync --config ...)")
+
+
+def _read(path: Path | None) -> list[dict]:
+    if path is None or not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:  # a line cut by a kill while it was appended: nothing to send
+            continue
+    return entries
+
+
+def _append(entry: dict) -> None:
+    if _state.path is None:
+        raise RuntimeError("tracking outbox: not configured")
+    _state.path.parent.mkdir(parents=True, exist_ok=True)
+    with open(_state.path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    _state.pending += 1
+
+
+def flush() -> tuple[int, int]:
+    """Sends what the outbox holds, in order; stops at the first outage. Returns (sent, left).
+    An entry the store refuses for another reason (e.g. its run was deleted) is moved to
+    outbox.rejected.jsonl beside it with a warning, so it cannot block the rest."""
+    path = _state.path
+    entries = _read(path)
+    sent = 0
+    for index, count, entry in _merged(entries):
+        try:
+            _send(entry)
+            sent += count
+        except Exception as err:  # noqa: BLE001
+            if is_outage(err):
+                _went_down(err)
+                _rewrite(path, entries[index:])
+                return sent, len(entries) - index
+            _state.log(f"warning: tracking: the store refused a kept {entry['op']} for run "
+                       f"{entry['run_id']} ({str(err).splitlines()[0][:200]}); moved to "
+                       f"{path.with_suffix('.rejected.jsonl')}")
+            with open(path.with_suffix(".rejected.jsonl"), "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+    if path is not None and path.exists():
+        path.unlink()
+    if _state.warned and sent:  # the next outage gets its own warning
+        _state.log(f"tracking: the store {mlflow.get_tracking_uri()} answers again; sent the "
+                   f"{sent} calls kept meanwhile")
+    _state.pending, _state.down_until, _state.warned = 0, 0.0, False
+    return sent, 0
+
+
+# What one log_batch request may carry (MLflow's limits).
+BATCH_LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
+
+
+def _merged(entries: list[dict]):
+    """(index of the first entry, entries merged, entry): consecutive `batch` entries of one
+    run merged up to MLflow's batch limits, so a long outage is sent in a few requests."""
+    index = 0
+    while index < len(entries):
+        entry, count = entries[index], 1
+        if entry["op"] == "batch":
+            merged = {"op": "batch", "run_id": entry["run_id"],
+                      "metrics": list(entry.get("metrics", [])),
+                      "params": dict(entry.get("params", {})), "tags": dict(entry.get("tags", {}))}
+            while index + count < len(entries):
+                after = entries[index + count]
+                if after["op"] != "batch" or after["run_id"] != entry["run_id"] or any(
+                        len(merged[key]) + len(after.get(key, {})) > limit
+                        for key, limit in BATCH_LIMITS.items()):
+                    break
+                merged["metrics"] += after.get("metrics", [])
+                merged["params"].update(after.get("params", {}))
+                merged["tags"].update(after.get("tags", {}))
+                count += 1
+            entry = merged
+        yield index, count, entry
+        index += count
+
+
+def _rewrite(path: Path, entries: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+    os.replace(tmp, path)
+    _state.pending = len(entries)
+
+
+# ---------------------------------------------------------------------------
+# python -m pipeline tracking-sync --config FILE [key=value ...]
+# ---------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    """Sends what a run directory's outbox holds. Exit 0 when it is empty afterwards, 2 when
+    the store still does not answer (nothing lost: run it again later)."""
+    import argparse
+
+    from pipeline import artifacts
+    from pipeline import config as config_lib
+    from pipeline.tracking import runs
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline tracking-sync",
+        description="Send the MLflow calls a run kept while the tracking store was down.")
+    parser.add_argument("overrides", nargs="*", help="section.key=value (e.g. run_dir=runs/x)")
+    parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
+    args = parser.parse_args(argv[1:] if argv and argv[0] == "tracking-sync" else argv)
+    try:
+        config = config_lib.load(args.config, args.overrides)
+    except config_lib.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    set_http_patience()
+    mlflow.set_tracking_uri(runs.tracking_uri(config))
+    outbox_file = artifacts.Artifacts(config.run_dir).tracking_outbox
+    waiting = configure(outbox_file)
+    if not waiting:
+        print(f"tracking-sync: nothing kept in {outbox_file}")
+        return 0
+    sent, left = flush()
+    if left:
+        print(f"error: the tracking store {mlflow.get_tracking_uri()} still does not answer: "
+              f"sent {sent} of {waiting} kept calls, {left} stay in {outbox_file}; run "
+              f"tracking-sync again when it is up", file=sys.stderr)
+        return 2
+    print(f"tracking-sync: sent {sent} kept calls from {outbox_file} to "
+          f"{mlflow.get_tracking_uri()}")
+    return 0

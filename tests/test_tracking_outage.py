@@ -1,0 +1,248 @@
+"""The tracking store going away (issue 20 point 2): what a stage logs is kept in the run
+directory and sent when the store answers again, or by `python -m pipeline tracking-sync`;
+a training never dies of a logging call.
+
+The fast tests use a SQLite store and a closed port on 127.0.0.1 (a server that is not there);
+the slow one kills a real `mlflow server` mid-training, brings it back, kills it again, and
+checks every logged step against the training's own log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from pipeline.tracking import outbox
+from tests.test_tracking import free_port, rest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A SQLite store with one run; the outbox in tmp_path; mlflow's HTTP calls impatient."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.MlflowClient().create_run(
+        mlflow.MlflowClient().create_experiment("outage")).info.run_id
+    outbox.configure(tmp_path / "run" / "tracking" / "outbox.jsonl", log=lambda line: None,
+                     retry_seconds=60)
+    yield uri, run
+    outbox.configure(None)
+    mlflow.set_tracking_uri(uri)
+
+
+def history(run_id, key):
+    return [(m.step, m.value) for m in mlflow.MlflowClient().get_metric_history(run_id, key)]
+
+
+def test_calls_are_kept_while_the_store_is_down_and_sent_in_order_when_it_answers(store, tmp_path):
+    uri, run = store
+    outbox.log_metrics({"loss": 3.0}, step=1, run_id=run)  # the store answers: sent at once
+    assert history(run, "loss") == [(1, 3.0)] and not outbox.is_down()
+
+    mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # nobody listens there
+    started = time.time()
+    for step in (2, 3, 4):
+        outbox.log_metrics({"loss": 3.0 - step / 10}, step=step, run_id=run)
+    outbox.set_tags({"stage.pretrain": "ran"}, run_id=run)
+    (tmp_path / "eval.json").write_text("{}")
+    outbox.log_artifact(tmp_path / "eval.json", "pretrain", run_id=run)
+    assert time.time() - started < 15  # one failed try, then no waiting on the network
+    assert outbox.is_down()
+    kept = [json.loads(line) for line in
+            (tmp_path / "run" / "tracking" / "outbox.jsonl").read_text().splitlines()]
+    assert [e["op"] for e in kept] == ["batch", "batch", "batch", "batch", "artifact"]
+
+    mlflow.set_tracking_uri(uri)  # the store is back
+    assert outbox.flush() == (5, 0)
+    assert history(run, "loss") == [(1, 3.0), (2, 2.8), (3, 2.7), (4, 2.6)]
+    got = mlflow.MlflowClient().get_run(run)
+    assert got.data.tags["stage.pretrain"] == "ran"
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run, "pretrain")] == [
+        "pretrain/eval.json"]
+    assert not (tmp_path / "run" / "tracking" / "outbox.jsonl").exists()
+    assert not outbox.is_down()
+
+
+def test_a_wrong_call_is_raised_not_kept(store):
+    """Only an unanswered store is an outage: a call the store refuses is a bug to see."""
+    with pytest.raises(mlflow.exceptions.MlflowException):
+        outbox.log_metrics({"loss": 1.0}, step=1, run_id="no-such-run")
+    assert not outbox.is_down()
+
+
+def test_the_end_of_a_run_is_kept_too(store, tmp_path):
+    """A run that ends while the store is down is recorded FINISHED, with the time it ended,
+    once the outbox is sent; the active-run stack is left clean meanwhile."""
+    uri, _ = store
+    with mlflow.start_run(run_name="stage") as run:  # the store answers at the start
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")
+        outbox.log_metrics({"loss": 1.5}, step=7)
+        ended = time.time() * 1000
+        outbox.end_run("FINISHED")
+        assert mlflow.active_run() is None
+    mlflow.set_tracking_uri(uri)
+    assert mlflow.get_run(run.info.run_id).info.status == "RUNNING"
+    assert outbox.flush() == (2, 0)
+    info = mlflow.get_run(run.info.run_id).info
+    assert info.status == "FINISHED" and abs(info.end_time - ended) < 5000
+    assert history(run.info.run_id, "loss") == [(7, 1.5)]
+
+
+def test_a_store_down_at_the_start_is_a_one_line_error(tmp_path, monkeypatch, corpus_dir):
+    """Nothing can start a run without the store: exit 2 naming it, no traceback, no work."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+           "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "corpus", "--config", "configs/test_tiny.yaml",
+         f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{port} does not answer" in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "corpus").exists()
+
+
+# ---------------------------------------------------------------------------
+# A real server, killed mid-training.
+# ---------------------------------------------------------------------------
+class Server:
+    """`mlflow server` on 127.0.0.1:port over one SQLite store; stop() kills it by its pid
+    (its process group: the server's workers too), start() brings it back on the same port."""
+
+    def __init__(self, tmp_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store = f"sqlite:///{tmp_path / 'server.db'}"
+        self.artifacts = tmp_path / "server-artifacts"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+             self.store, "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--artifacts-destination", str(self.artifacts)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("mlflow server did not start")
+            time.sleep(0.3)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+class Lines:
+    """The lines a subprocess prints, collected by a thread; wait_for blocks until one matches."""
+
+    def __init__(self, proc):
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc):
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for line in list(self.lines):
+                if re.search(pattern, line):
+                    return line
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r}; last lines: {self.lines[-20:]}")
+
+
+@pytest.mark.slow
+def test_training_outlives_the_tracking_server(tmp_path, corpus_dir):
+    """The server is killed mid-training, comes back, is killed again and stays down to the
+    end: training finishes (exit 0) with one warning; what was logged meanwhile reached the
+    server when it came back, the rest waits in the run directory and `tracking-sync` sends it;
+    in the end the server holds every logged step, the final metrics and the model, and the
+    runs are FINISHED."""
+    server = Server(tmp_path)
+    server.start()
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": server.url,
+           "PYTHONUNBUFFERED": "1"}
+    args = [f"run_dir={run_dir}", f"corpus.path={corpus_dir}/*.txt", "tracking.experiment=outage",
+            "tracking.retry_seconds=2", "train.steps=100000", "train.max_seconds=45",
+            "train.log_every=10", "train.heldout_every=200", "train.checkpoint_every=400"]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "all", "--config",
+                             "configs/test_tiny.yaml", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = Lines(proc)
+    try:
+        lines.wait_for(r"^step 20/")
+        server.stop()                                    # down mid-training
+        lines.wait_for(r"warning: the tracking store .* does not answer")
+        server.start()                                   # back: what was kept is sent
+        lines.wait_for(r"tracking: the store .* answers again")
+        server.stop()                                    # down again, to the end
+        assert proc.wait(timeout=600) == 0, "\n".join(lines.lines[-30:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+    lines.thread.join(timeout=10)
+    (tmp_path / "pipeline.out").write_text("\n".join(lines.lines))  # to read when it fails
+    logged = [int(m.group(1)) for m in (re.match(r"^step (\d+)/", line) for line in lines.lines)
+              if m]
+    assert len(logged) > 10 and logged[-1] > 40, logged
+    warnings = [line for line in lines.lines if "does not answer" in line]
+    assert len(warnings) == 2, warnings  # one per outage, not one per call
+    outbox_file = run_dir / "tracking" / "outbox.jsonl"
+    assert outbox_file.is_file()
+
+    server.start()
+    try:
+        sync = subprocess.run([sys.executable, "-m", "pipeline", "tracking-sync", "--config",
+                               "configs/test_tiny.yaml", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert sync.returncode == 0, sync.stderr[-2000:]
+        assert not outbox_file.exists()
+        experiment = rest(server.url, "experiments/get-by-name?experiment_name=outage")[
+            "experiment"]["experiment_id"]
+        runs = rest(server.url, "runs/search", {"experiment_ids": [experiment]})["runs"]
+        assert {r["info"]["status"] for r in runs} == {"FINISHED"}, [
+            (r["info"]["run_name"], r["info"]["status"]) for r in runs]
+        pretrain = next(r for r in runs if {"key": "pipeline.stage", "value": "pretrain"}
+                        in r["data"].get("tags", []))
+        run_id = pretrain["info"]["run_id"]
+        steps = [int(m["step"]) for m in rest(
+            server.url, f"metrics/get-history?run_id={run_id}&metric_key=loss&max_results=10000")[
+            "metrics"]]
+        assert sorted(steps) == logged  # every step the training logged, none twice
+        final = {m["key"] for m in pretrain["data"]["metrics"]}
+        assert {"eval_mlm_accuracy", "stage_seconds"} <= final
+        listed = rest(server.url, f"artifacts/list?run_id={run_id}&path=model")
+        assert "model/model.keras" in [f["path"] for f in listed["files"]]
+    finally:
+        server.stop()
