@@ -99,6 +99,20 @@ BAD_INPUTS = [
      lambda t: [*_csv(t), f"finetune.init_from={t / 'gone.keras'}"], "gone.keras"),
     ("fine-tuning from a .keras file carrying code (safe mode)",
      lambda t: [*_csv(t), f"finetune.init_from={_evil_keras(t / 'evil.keras')}"], "evil.keras"),
+    # Raw-text corpora (corpus.format).
+    ("corpus.format not among the choices", lambda t: ["corpus", "--force", "corpus.format=html"],
+     "corpus.format"),
+    ("JSON lines corpus with a line that is not JSON", lambda t: [
+        "corpus", "--force", "corpus.format=jsonl", "corpus.path=" + str(
+            _write(t / "docs.jsonl", '{"text": "A sentence."}\n{"text": \n'))], "docs.jsonl:2"),
+    ("JSON lines corpus record without its text field", lambda t: [
+        "corpus", "--force", "corpus.format=jsonl", "corpus.path=" + str(
+            _write(t / "docs.jsonl", '{"text": "A sentence."}\n{"body": "B."}\n'))],
+     "docs.jsonl:2"),
+    ("corrupt .gz corpus file", lambda t: ["corpus", "--force", "corpus.format=text",
+                                           "corpus.path=" + str(_write(
+                                               t / "docs.txt.gz", b"\x1f\x8b\x08\x00 garbage"))],
+     "docs.txt.gz"),
 ]
 
 

@@ -12,6 +12,8 @@ from models import presets
 
 CHOICES = {
     "corpus.source": ("brown", "files"),
+    "corpus.format": ("google", "text", "jsonl"),
+    "corpus.documents": ("line", "blank_line"),
     "corpus.long_lines": ("error", "skip"),
     "model.preset": tuple(presets.PRESETS),
     "model.activation": ("gelu", "gelu_approximate", "relu"),

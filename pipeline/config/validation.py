@@ -50,7 +50,10 @@ def validate(config: Config, source: str = "<config>") -> None:
                           f"to learn a vocabulary from the corpus")
     if config.corpus.source == "files" and not config.corpus.path:
         raise ConfigError(f"{source}: key corpus.path is empty but corpus.source = 'files'; "
-                          f"set corpus.path to a glob of Google-format text files")
+                          f"set corpus.path to a glob of your files (in corpus.format)")
+    if config.corpus.format == "jsonl" and not config.corpus.text_key.strip():
+        raise ConfigError(f"{source}: key corpus.text_key is empty but corpus.format = 'jsonl'; "
+                          f"set it to the field of each JSON record that holds the text")
     arch = model_architecture(config)
     embedding_size = config.model.embedding_size
     if embedding_size is not None and not 1 <= embedding_size <= arch["hidden_dim"]:
