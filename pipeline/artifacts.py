@@ -285,6 +285,30 @@ def atomic_file(final: Path, mode: str = "w", encoding: str | None = "utf-8"):
             tmp.unlink()
 
 
+# What an OSError says when the disk (or the quota, or the process's file size limit) is full:
+# ENOSPC, EDQUOT, EFBIG; libraries that wrap it (h5py, TensorFlow, Beam) keep the words.
+NO_SPACE_ERRNOS = (28, 122, 27)
+NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded", "File too large",
+                  "errno = 28", "errno = 27", "database or disk is full")
+
+
+def no_space(err: BaseException) -> str:
+    """"" unless `err` (or what it wraps) says a write ran out of space; then what it said,
+    with the file it names if it names one."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err)
+        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
+            return f"{err.strerror}: {err.filename}" if err.filename else (err.strerror or text)
+        for words in NO_SPACE_WORDS:
+            if words in text:
+                line = next((ln for ln in text.splitlines() if words in ln), text)
+                return line.strip()[:300]
+        err = err.__cause__ or err.__context__
+    return ""
+
+
 def sha256_file(path: Path) -> str:
     """The hex SHA-256 of a file's contents, read in 1 MiB blocks."""
     import hashlib
@@ -329,16 +353,27 @@ def tfrecord_count(path: Path) -> int:
     return count
 
 
-def write_checksums(folder: Path) -> dict:
-    """Writes <folder>/checksums.json: every file below it (but this one) with its bytes and
-    sha256, and for TFRecords its record count. Call it last, inside the folder aside."""
+def _listed(path: Path, folder: Path, skip: tuple[str, ...]) -> bool:
+    """A file checksums.json covers: not itself, not a hidden file (a stage marker, a
+    temporary sibling), not below a top-level entry named with a prefix in `skip`."""
+    parts = path.relative_to(folder).parts
+    return (path.is_file() and path.name != CHECKSUMS and not any(p.startswith(".") for p in parts)
+            and not parts[0].startswith(skip))
+
+
+def write_checksums(folder: Path, skip: tuple[str, ...] = ()) -> dict:
+    """Writes <folder>/checksums.json: every file below it (but this one, hidden ones and the
+    top-level entries starting with a prefix in `skip`, e.g. a training's checkpoints) with
+    its bytes and sha256, and for TFRecords its record count. Call it last: inside the folder
+    aside, or once the stage's outputs are all in place (the CLI, before the stage's marker)."""
+    folder = Path(folder)
     files = {}
-    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != CHECKSUMS):
+    for path in sorted(p for p in folder.rglob("*") if _listed(p, folder, skip)):
         entry = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
         if path.suffix == ".tfrecord":
             entry["records"] = tfrecord_count(path)
         files[str(path.relative_to(folder))] = entry
-    (Path(folder) / CHECKSUMS).write_text(json.dumps({"files": files}, indent=1))
+    write_text_atomic(folder / CHECKSUMS, json.dumps({"files": files}, indent=1))
     return files
 
 

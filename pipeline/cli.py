@@ -17,7 +17,8 @@ chief takes the run directory's lock and records MLflow runs.
 Exit codes: 0 success; 1 anything unexpected (traceback in the log file);
 2 bad input (config, corpus, missing artifact), with a message naming the file
 or key and how to fix it; 3 nothing to do (with --scheduled: every stage was up
-to date); 4 already running (another invocation holds the run directory's lock).
+to date); 4 already running (another invocation holds the run directory's lock);
+5 out of disk space (a write failed; every earlier complete output is intact).
 Every invocation also writes its log to <run_dir>/logs/.
 """
 
@@ -44,6 +45,7 @@ EXIT_FAILED = 1           # an unexpected error; the log file has the traceback
 EXIT_BAD_INPUT = 2        # bad config, corpus or missing artifact; the message says how to fix it
 EXIT_NOTHING_TO_DO = 3    # --scheduled only: every stage was up to date
 EXIT_ALREADY_RUNNING = 4  # another invocation holds this run directory's lock
+EXIT_NO_SPACE = 5         # a write ran out of disk space; the previous outputs are intact
 
 
 # Commands that are not pipeline stages: name -> "module:function" taking argv, returning an exit code.
@@ -145,7 +147,7 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
     from pipeline.tracking import runs as tracking
 
     outbox.set_http_patience()  # a dead tracking server costs seconds, not minutes per call
-    results, ran = {}, []
+    results, ran, current = {}, [], [""]
     # Under train.strategy = multi_worker every worker runs this command; only the chief takes
     # the run directory's lock, creates MLflow runs and writes stage markers (it also writes
     # the checkpoints and exports), the other workers only train.
@@ -159,13 +161,15 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
             else:
                 log("not the chief worker: no run lock, no MLflow runs (the chief records them)")
             for stage in stages:
+                current[0] = stage
                 fp = lineage.fingerprint(stage, config, paths)
                 marker = None if force else lineage.is_current(stage, paths, fp)
-                if (marker and stage == "data") or "data" in SPECS[stage].upstream:
-                    # The shards as the data stage wrote them, before anything is reused,
-                    # set aside or trained (a truncated or altered one: exit 2, named); the
-                    # one check of them, for every stage that reads them.
-                    artifacts.verify_checksums(paths.data_dir, "make data ARGS=--force")
+                # The outputs this stage reads (and its own, if reused) as their stages wrote
+                # them, before anything is reused, set aside or run: a truncated or altered
+                # file is exit 2, named, with the command that rebuilds it.
+                for made_by in SPECS[stage].upstream + ((stage,) if marker else ()):
+                    artifacts.verify_checksums(paths.output_dir(made_by),
+                                               SPECS[made_by].rebuild)
                 if marker:
                     log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
                         f"made by MLflow run {marker.get('mlflow_run_id')})")
@@ -188,6 +192,9 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                     if chief:
                         outbox.set_tags(lineage.tags(stage, fp))
                 if chief:
+                    if SPECS[stage].checksums:
+                        artifacts.write_checksums(paths.output_dir(stage),
+                                                  SPECS[stage].checksums_skip)
                     lineage.write_marker(stage, paths, fp, run.info.run_id)
                     outbox.set_tags({f"stage.{stage}": "ran",
                                      f"stage.{stage}.run_id": run.info.run_id})
@@ -196,7 +203,7 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
     except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
-        return _failed(err, config, log)
+        return _failed(err, config, log, current[0])
     _summary(config, paths, results, log)
     if scheduled and not ran:
         log("nothing to do: every stage is up to date")
@@ -204,13 +211,23 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
     return EXIT_OK
 
 
-def _failed(err: Exception, config, log) -> int:
+def _failed(err: Exception, config, log, stage: str = "") -> int:
     """The exit code for an error that ended the invocation, with its one-line message (bad
-    input, a tracking store that does not answer) or its traceback (anything unexpected)."""
-    from pipeline import logs
+    input, a full disk, a tracking store that does not answer) or its traceback (anything
+    unexpected)."""
+    from pipeline import artifacts, logs
     from pipeline.tracking import outbox
     from pipeline.tracking import runs as tracking
 
+    full = artifacts.no_space(err)
+    if full:
+        # Every output is written aside and moved into place only when complete, so what the
+        # run directory held before is still there and still verifies.
+        print(f"error: out of disk space while the {stage or 'pipeline'} stage wrote its "
+              f"outputs ({full}); the previous complete outputs in {config.run_dir} are "
+              f"untouched: free some space (or set run_dir on a larger disk) and run again",
+              file=sys.stderr)  # (not to the log file: the disk is full)
+        return EXIT_NO_SPACE
     if _is_user_error(err):
         print(f"error: {err}", file=sys.stderr)  # one line; the traceback: the log file
         logs.to_file(f"error: {err}\n{traceback.format_exc()}")

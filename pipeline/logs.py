@@ -51,6 +51,15 @@ class _NotOurs(logging.Filter):
         return not record.name.startswith(NAME)
 
 
+class _NotBeamFailures(logging.Filter):
+    """Beam logs the traceback of a failing DoFn before it re-raises the error; the error
+    reaches the CLI, which prints it (one line for what the user can fix, else the traceback),
+    so on the console that record would only say it twice. It stays in the log file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("apache_beam") and record.levelno >= logging.ERROR)
+
+
 def setup(log_file: Path) -> logging.Logger:
     """Sends the pipeline's lines to stdout and `log_file`, other loggers' warnings to stderr
     and `log_file`; returns the pipeline's logger. Calling it again replaces its handlers."""
@@ -68,6 +77,7 @@ def setup(log_file: Path) -> logging.Logger:
     others = _Current("stderr")  # what Python's last-resort handler printed
     others.setLevel(logging.WARNING)
     others.addFilter(_NotOurs())
+    others.addFilter(_NotBeamFailures())
     ours.setLevel(logging.INFO)
     ours.addHandler(to_console)
     root.addHandler(to_file)

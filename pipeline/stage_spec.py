@@ -43,6 +43,20 @@ class StageSpec:
     fresh: str = ""
     # Its marker's file name inside `output` (the sweep shares finetune/ and keeps its own).
     marker: str = ".stage.json"
+    # The CLI writes <output>/checksums.json once the stage completed (before its marker) and
+    # checks it before the output is reused or read by a later stage. (The data stage writes
+    # its own, inside the folder aside; fine-tuning one per task folder.)
+    checksums: bool = False
+    # Top-level entries of `output` the checksums leave out (state that keeps changing).
+    checksums_skip: tuple[str, ...] = ()
+    # The Makefile target that runs it (the rebuild command an error names).
+    make_target: str = ""
+
+    @property
+    def rebuild(self) -> str:
+        """The command that makes the stage's output again."""
+        return (f"make {self.make_target or self.name} ARGS=--force  (or: python -m pipeline "
+                f"{self.name} --config <your config> --force)")
 
     @property
     def module(self) -> str:
@@ -51,12 +65,13 @@ class StageSpec:
 
 _SPECS = (
     StageSpec("corpus", "Prepared the corpus: Google format, held-out documents split off.",
-              config=("corpus",), upstream=(), output="corpus_dir", in_all=True),
+              config=("corpus",), upstream=(), output="corpus_dir", in_all=True,
+              checksums=True),
     # corpus.source/path: which corpus, not its contents (a vocabulary stays fixed when new text
     # arrives, so models keep their ids); see pipeline/tracking/lineage.py.
     StageSpec("vocab", "Trained the WordPiece vocabulary (Beam word count + WordPiece learner).",
               config=("vocab", "corpus.source", "corpus.path"), upstream=("corpus",),
-              output="vocab_dir", in_all=True),
+              output="vocab_dir", in_all=True, checksums=True),
     StageSpec("data", "Beam job: documents → NSP pairs → masked instances → TFRecords.",
               config=("data", "vocab.lowercase"), upstream=("corpus", "vocab"),
               output="data_dir", in_all=True),
@@ -65,7 +80,8 @@ _SPECS = (
                       "data.phases"),
               upstream=("data",), output="pretrain_dir", in_all=True,
               resumable="pipeline.training.phases:resumable_run_id",
-              fresh="pipeline.training.phases:set_checkpoints_aside"),
+              fresh="pipeline.training.phases:set_checkpoints_aside",
+              checksums=True, checksums_skip=("checkpoints",), make_target="train"),
     StageSpec("finetune", "Fine-tuned the pretrained encoder on a labelled task, evaluated, "
                           "exported.",
               config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import keras
 import mlflow
@@ -213,3 +214,12 @@ def test_distill_a_teacher_trained_by_the_finetune_stage(tmp_path, sqlite_mlflow
     assert s["student"]["initialised_from_teacher_layers"] == [0]  # every other of 2 layers
     assert s["teacher"]["test_accuracy"] == pytest.approx(teacher["test"]["accuracy"])
     assert s["student"]["parameters"] < s["teacher"]["parameters"]
+    # The finetune stage wrote checksums.json last; distillation checks the teacher first.
+    teacher_model = Path(teacher["output_dir"]) / "model.keras"
+    listed = json.loads((Path(teacher["output_dir"]) / "checksums.json").read_text())["files"]
+    assert listed["model.keras"]["bytes"] == teacher_model.stat().st_size
+    data = bytearray(teacher_model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    teacher_model.write_bytes(bytes(data))
+    with pytest.raises(artifacts.AlteredArtifact, match="model.keras.*make finetune"):
+        distill.run(config, log=lambda m: None, write_outputs=False)

@@ -203,3 +203,48 @@ def test_a_damaged_shard_is_named_before_any_work(damage, made, tmp_path, capsys
         assert len(errors) == 1 and shard.name in errors[0], errors
         assert "make data ARGS=--force" in errors[0]
     assert not list((run / "pretrain").glob("checkpoints.aside-*"))  # refused before --force acted
+
+
+def _flip_a_byte(path: Path) -> Path:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+# (what is damaged, the file, the invocations that must refuse it, the rebuild command named)
+DAMAGED_OUTPUTS = [
+    ("a corpus file", lambda run: sorted((run / "corpus" / "train").glob("*.txt"))[0],
+     [["corpus"], ["vocab", "--force"], ["data", "--force"]], "make corpus ARGS=--force"),
+    ("the vocab", lambda run: run / "vocab" / "vocab.txt",
+     [["vocab"], ["data", "--force"], ["all"]], "make vocab ARGS=--force"),
+    ("the pretrained model", lambda run: run / "pretrain" / "model.keras",
+     [["pretrain"], _csv], "make train ARGS=--force"),
+]
+
+
+@pytest.mark.parametrize("what,damaged,invocations,rebuild", DAMAGED_OUTPUTS,
+                         ids=[row[0] for row in DAMAGED_OUTPUTS])
+def test_every_stage_output_is_checked_before_it_is_used(what, damaged, invocations, rebuild,
+                                                         made, tmp_path, capsys):
+    """Each cached stage's output carries checksums.json (written last, before the stage's
+    marker); reusing it, or running a stage that reads it, first checks it: an altered file is
+    exit 2 naming it and the command that rebuilds it, and nothing in the run changes."""
+    shutil.copytree(made / "run", tmp_path / "run", ignore=shutil.ignore_patterns("logs"))
+    run = tmp_path / "run"
+    for stage in ("corpus", "vocab", "pretrain"):
+        assert (run / stage / "checksums.json").is_file()
+    assert "checkpoints/" not in (run / "pretrain" / "checksums.json").read_text()
+    path = _flip_a_byte(damaged(run))
+    before = _snapshot(run)
+    base = [f"run_dir={run}", f"corpus.path={made / 'raw'}/*.txt",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}", "--config",
+            "configs/test_tiny.yaml", "finetune.register_model=false"]
+    for invocation in invocations:
+        args = invocation(tmp_path) if callable(invocation) else invocation
+        capsys.readouterr()
+        assert cli.main([*args, *base]) == 2, args
+        errors = [line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("error:")]
+        assert len(errors) == 1 and path.name in errors[0] and rebuild in errors[0], errors
+        assert _snapshot(run) == before

@@ -268,6 +268,7 @@ def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_pa
         if "comparison" in results:
             out.comparison_json.write_text(json.dumps(results["comparison"], indent=2))
             out.comparison_md.write_text(comparison_markdown(results["comparison"]) + "\n")
+        artifacts.write_checksums(tmp)  # last
     log(f"multitask: wrote {paths.dir}")
     if not mlflow.active_run():
         return

@@ -94,6 +94,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
                                  f"(accuracy {results['test']['accuracy']:.3f})")
         out.metrics.write_text(json.dumps(results, indent=2, default=float))
         _write_predictions(out.test_predictions, task, data, predictions["test"])
+        artifacts.write_checksums(tmp)  # last: what distillation checks before it reads them
     log(f"finetune: wrote {paths.dir}")
 
     if not mlflow.active_run():

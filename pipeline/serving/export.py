@@ -38,16 +38,20 @@ from pipeline.text.windows import WINDOW_FEATURES, text_windows, tf_text_windows
 
 
 def export(model, paths: Artifacts) -> None:
-    """model.keras and a SavedModel, each written beside and renamed into place."""
+    """model.keras and a SavedModel, both written beside and renamed into place only when both
+    are complete (a full disk half-way leaves the previous pair as it was)."""
     paths.pretrain_dir.mkdir(parents=True, exist_ok=True)
     tmp = paths.pretrain_dir / f".tmp-{os.getpid()}-{paths.model_keras.name}"
-    model.save(str(tmp))
-    os.replace(tmp, paths.model_keras)
-    with artifacts.atomic_dir(paths.saved_model) as tmp_dir:
-        model.export(str(tmp_dir / "export"), format="tf_saved_model", verbose=False)
-        for item in (tmp_dir / "export").iterdir():
-            item.rename(tmp_dir / item.name)
-        (tmp_dir / "export").rmdir()
+    try:
+        model.save(str(tmp))
+        with artifacts.atomic_dir(paths.saved_model) as tmp_dir:
+            model.export(str(tmp_dir / "export"), format="tf_saved_model", verbose=False)
+            for item in (tmp_dir / "export").iterdir():
+                item.rename(tmp_dir / item.name)
+            (tmp_dir / "export").rmdir()
+        os.replace(tmp, paths.model_keras)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 SERVING_TASKS = ("classification", "regression", "semantic_search", "token_classification",

@@ -29,6 +29,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config, data_job
+from pipeline.tracking import outbox
 from pipeline.tracking.runs import flat_metrics
 
 
@@ -87,5 +88,5 @@ def log_to_mlflow(stats: dict, paths: Artifacts) -> None:
     for phase in stats.get("phases", [])[1:]:
         for split in ("train", "eval"):
             metrics.update(flat_metrics(phase[split], f"{phase['name']}.{split}_"))
-    mlflow.log_metrics(metrics)
-    mlflow.log_artifact(str(paths.data_stats), "data")
+    outbox.log_metrics(metrics)  # kept if the tracking store is down
+    outbox.log_artifact(paths.data_stats, "data")

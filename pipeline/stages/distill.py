@@ -61,6 +61,9 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     dc = config.distill
     started = time.time()
     teacher_dir = teacher_folder(config)
+    # The teacher as the finetune stage wrote it (an altered file: exit 2, named).
+    artifacts.verify_checksums(teacher_dir, f"make finetune ARGS=--force  (the teacher "
+                                            f"{teacher_dir.name})")
     tpaths = FinetuneArtifacts(teacher_dir)
     info = json.loads(tpaths.task_json.read_text())
     if info.get("task") != "classification":

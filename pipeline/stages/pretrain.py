@@ -125,12 +125,12 @@ def run(config: Config, log=print) -> dict:
     model, results, history = outcome["model"], outcome["results"], outcome["history"]
     digest = outcome["weights_sha256"]
     if chief:
+        export(model, paths)  # first: if it fails (a full disk), the previous outputs stand
         artifacts.write_text_atomic(paths.pretrain_eval, json.dumps(results, indent=2))
         artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
         if outcome["heldout"]:  # time to accuracy: (step, training seconds, accuracy) probes
             artifacts.write_text_atomic(paths.heldout_curve,
                                         json.dumps(outcome["heldout"], indent=1))
-        export(model, paths)
         if mlflow.active_run():
             # Through the outbox: a tracking store that went away is not the end of a run.
             outbox.set_tags({"pretrain.weights_sha256": digest})

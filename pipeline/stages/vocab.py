@@ -10,12 +10,11 @@ import json
 import shutil
 import time
 
-import mlflow
-
 from beam_jobs import vocab as vocab_job
 from pipeline import artifacts
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
+from pipeline.tracking import outbox
 
 
 def run(config: Config, log=print) -> dict:
@@ -43,11 +42,10 @@ def run(config: Config, log=print) -> dict:
     log(f"vocab: {meta['vocab_size']:,} tokens learned from {meta['distinct_words_used']:,} distinct "
         f"words ({meta['word_occurrences_used']:,} occurrences) in {seconds:.1f} s "
         f"({meta['word_occurrences_used'] / seconds:,.0f} words/s) -> {paths.vocab_file}")
-    if mlflow.active_run():
-        mlflow.log_metrics({"vocab_size": meta["vocab_size"],
-                            "distinct_words_used": meta["distinct_words_used"]})
-        mlflow.log_artifact(str(paths.vocab_file), "vocab")
-        mlflow.log_artifact(str(paths.vocab_meta), "vocab")
+    outbox.log_metrics({"vocab_size": meta["vocab_size"],  # kept if the store is down
+                        "distinct_words_used": meta["distinct_words_used"]})
+    outbox.log_artifact(paths.vocab_file, "vocab")
+    outbox.log_artifact(paths.vocab_meta, "vocab")
     return meta
 
 
@@ -63,7 +61,6 @@ def use_existing_vocab(config: Config, paths: Artifacts, log=print) -> dict:
         shutil.copyfile(source, tmp / paths.vocab_file.name)
         (tmp / paths.vocab_meta.name).write_text(json.dumps(meta, indent=2))
     log(f"vocab: {len(tokens):,} tokens taken from {source} -> {paths.vocab_file}")
-    if mlflow.active_run():
-        mlflow.log_metric("vocab_size", len(tokens))
-        mlflow.log_artifact(str(paths.vocab_file), "vocab")
+    outbox.log_metrics({"vocab_size": len(tokens)})
+    outbox.log_artifact(paths.vocab_file, "vocab")
     return meta

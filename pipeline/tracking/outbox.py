@@ -115,8 +115,10 @@ def log_metrics(metrics: dict, step: int | None = None, run_id: str | None = Non
     run_id = _active_id(run_id)
     if run_id and metrics:
         ts = _now_ms()
-        submit({"op": "batch", "run_id": run_id,
-                "metrics": [[k, float(v), ts, int(step or 0)] for k, v in metrics.items()]})
+        rows = [[k, float(v), ts, int(step or 0)] for k, v in metrics.items()]
+        for start in range(0, len(rows), BATCH_LIMITS["metrics"]):
+            submit({"op": "batch", "run_id": run_id,
+                    "metrics": rows[start:start + BATCH_LIMITS["metrics"]]})
 
 
 def set_tags(tags: dict, run_id: str | None = None) -> None:

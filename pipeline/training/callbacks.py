@@ -5,6 +5,7 @@ used by pretraining and fine-tuning alike).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -161,7 +162,17 @@ class Checkpointer(keras.callbacks.Callback):
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".tmp-{os.getpid()}.weights.h5"
-        self.model.save_weights(str(tmp))
+        # HDF5 is written in memory and the bytes to disk by plain Python: a write that fails
+        # (a full disk) is then an ordinary OSError, with no HDF5 file left half-open (whose
+        # flush fails again at exit and crashes the interpreter).
+        buffer = _WeightsBuffer()
+        self.model.save_weights(buffer)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(buffer.getbuffer())
+        except BaseException:  # no half-written file stays behind
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.dir / f"ckpt-{step:08d}.weights.h5")
         artifacts.write_text_atomic(self.dir / "config.yaml", self.config_yaml)
         latest = {"step": step, **({"train_seconds": self.clock()} if self.clock else {})}
@@ -176,6 +187,13 @@ class Checkpointer(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.save()
 
+
+
+class _WeightsBuffer(io.BytesIO):
+    """An in-memory file that Keras' save_weights takes for a `.weights.h5` path."""
+
+    def __str__(self) -> str:
+        return "checkpoint.weights.h5"
 
 
 # Held-out MLM accuracy levels whose first crossing is recorded (time to accuracy).

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -106,11 +107,13 @@ def settings_changes(saved: dict, current: dict, defaults: dict) -> list[str]:
 
 
 def set_aside(checkpoint_dir: Path, config_file: Path, log=print) -> Path | None:
-    """Moves a training's checkpoints (and its saved config) into a new folder beside them,
-    `checkpoints.aside-<UTC time>`, so that the next run starts from scratch and nothing is
-    deleted; returns that folder (None when there was nothing to move)."""
+    """Moves a training's checkpoints (with the settings they were trained with) into a new
+    folder beside them, `checkpoints.aside-<UTC time>`, so that the next run starts from
+    scratch and nothing is deleted; returns that folder (None when there was nothing to move).
+    The finished model's config (`config_file`) is copied there too, not moved: the model
+    beside it stays complete until a new one replaces it."""
     checkpoint_dir, config_file = Path(checkpoint_dir), Path(config_file)
-    if not checkpoint_dir.exists() and not config_file.exists():
+    if not checkpoint_dir.exists():
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside = checkpoint_dir.parent / f"{checkpoint_dir.name}.aside-{stamp}"
@@ -119,9 +122,8 @@ def set_aside(checkpoint_dir: Path, config_file: Path, log=print) -> Path | None
         aside = checkpoint_dir.parent / f"{checkpoint_dir.name}.aside-{stamp}-{suffix}"
         suffix += 1
     aside.mkdir(parents=True)
-    if checkpoint_dir.exists():
-        os.replace(checkpoint_dir, aside / checkpoint_dir.name)
+    os.replace(checkpoint_dir, aside / checkpoint_dir.name)
     if config_file.exists():
-        os.replace(config_file, aside / config_file.name)
+        shutil.copyfile(config_file, aside / config_file.name)
     log(f"--force: the previous checkpoints are kept aside in {aside}; training starts over")
     return aside

@@ -121,8 +121,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         log(f"{prefix}: already trained {seconds_before:,.0f} s, train.max_seconds = "
             f"{tc.max_seconds:g}: not training further")
     if start_step < tc.steps and not out_of_time:
-        if chief:
-            artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
+        if chief:  # the settings the checkpoints will belong to (records.check_inputs)
+            artifacts.write_text_atomic(paths.checkpoint_dir / "config.yaml", config_yaml)
         chunk = tc.checkpoint_every
         try:
             model.fit(

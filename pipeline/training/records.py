@@ -51,8 +51,9 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
                             f"model.max_sequence_length {config.model.max_sequence_length}")
     # The checkpoints belong to the settings that trained them: resuming under others would
     # mix two trainings (and record parameters that did not produce the model).
+    # (The finished model's config.yaml stands for them where an older layout kept none.)
     saved_path = next((p for p in (paths.checkpoint_dir / "config.yaml", paths.pretrain_config)
-                       if p.exists()), None)
+                       if p.exists() and paths.checkpoint_dir.is_dir()), None)
     if saved_path is not None:
         saved = yaml.safe_load(saved_path.read_text()) or {}
         changes = checkpoints.settings_changes(saved, config_lib.to_dict(config),
