@@ -35,6 +35,8 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs.runners import TaggedOutputs
+
 # Uncompressed files are read in byte ranges of this size (one range = one unit of work).
 READ_CHUNK_BYTES = 16 << 20
 
@@ -408,8 +410,8 @@ class ReadDocuments(beam.PTransform):
     """Globs (or a list of InputRange from `plan_input`) -> documents keyed by (path, offset).
 
     With `index_only`, the documents are not read: each comes as a ref (`index_range`)
-    for `DocumentLoader` to read later. Returns a DoOutputsTuple: the main output holds
-    the documents, `.stats` the counters.
+    for `DocumentLoader` to read later. Returns `.documents` (the documents) and `.stats`
+    (the counters), separate on every runner (`runners.TaggedOutputs`).
     """
 
     def __init__(self, patterns, input_format: str = "google", text_field: str = "text",
@@ -428,4 +430,4 @@ class ReadDocuments(beam.PTransform):
         return (
             pbegin
             | "Ranges" >> beam.Create(self._ranges, reshuffle=len(self._ranges) > 1)
-            | "ReadRanges" >> beam.ParDo(read).with_outputs(STATS_TAG, main="documents"))
+            | "ReadRanges" >> TaggedOutputs(read, [STATS_TAG], main="documents"))

@@ -13,8 +13,9 @@ How it scales — a distributed word count, then a learner over the top words:
      exact count of the whole corpus, not a sample: a sample would miss the rare
      words that decide the tail of the vocabulary, and the count is cheap to scale.
   3. TopWords: only the `max_words` most frequent words (a bounded heap per worker,
-     merged) reach the last step. Its size grows with the number of distinct words
-     kept, not with the corpus.
+     merged; on the DaskRunner, which does not lift combiners, one heap) reach the
+     last step. Its size grows with the number of distinct words kept, not with the
+     corpus.
   4. LearnAndWrite (one worker): the Hugging Face `tokenizers` WordPiece trainer
      (Rust; ~1.5 s for 40k distinct words) learns the pieces from those counts.
      When they add up to more than `--max_learner_tokens`, they are scaled down
@@ -37,11 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs.runners import absolute, pipeline_options
 
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -158,7 +160,8 @@ def check_vocab(path: str) -> dict:
 
 
 def run(argv=None, test_pipeline=None):
-    """Runs the vocab job; returns the metadata dict also written beside the vocab (…/vocab.json)."""
+    """Runs the vocab job; returns the metadata dict also written beside the vocab
+    (…/vocab.json)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--input", required=True, help="glob(s) of text files, comma-separated")
     parser.add_argument("--output", required=True, help="path of vocab.txt to write")
@@ -168,14 +171,16 @@ def run(argv=None, test_pipeline=None):
     parser.add_argument("--max_words", type=int, default=200_000)
     parser.add_argument("--max_learner_tokens", type=int, default=50_000_000)
     args, beam_args = parser.parse_known_args(argv)
-    meta_path = os.path.join(os.path.dirname(args.output) or ".", "vocab.json")
+    args.input, args.output = absolute(args.input), absolute(args.output)
+    # Beside the vocab, on any Beam filesystem (the step that writes it may run on a worker).
+    meta_path = FileSystems.join(FileSystems.split(args.output)[0] or ".", "vocab.json")
 
     def write_outputs(top_words):
-        word_counts = list(top_words)  # Top.Of emits one list of (word, count)
+        word_counts = list(top_words)  # one list of (word, count)
         beam.metrics.Metrics.counter("vocab", "distinct_words").inc(len(word_counts))
         tokens = learn_wordpiece(word_counts, args.vocab_size, args.min_word_count,
                                  args.max_learner_tokens)
-        with beam.io.filesystems.FileSystems.create(args.output) as handle:
+        with FileSystems.create(args.output) as handle:
             handle.write(("\n".join(tokens) + "\n").encode("utf-8"))
         meta = {
             "vocab_size": len(tokens),
@@ -186,23 +191,40 @@ def run(argv=None, test_pipeline=None):
             "word_occurrences_used": sum(n for _, n in word_counts),
             "special_token_ids": {t: tokens.index(t) for t in REQUIRED_TOKENS},
         }
-        with beam.io.filesystems.FileSystems.create(meta_path) as handle:
+        with FileSystems.create(meta_path) as handle:
             handle.write(json.dumps(meta, indent=2).encode("utf-8"))
         yield meta
 
-    pipeline = test_pipeline or beam.Pipeline(options=PipelineOptions(beam_args))
+    pipeline = test_pipeline or beam.Pipeline(options=pipeline_options(beam_args))
     with pipeline as p:
         _ = (
             p
-            | "ListInputs" >> beam.Create([pat.strip() for pat in args.input.split(",") if pat.strip()])
+            | "ListInputs" >> beam.Create(list_files(args.input))
             | "ReadLines" >> beam.io.ReadAllFromText()
             | "SplitWords" >> beam.ParDo(SplitWords(args.lowercase))
             | "CountWords" >> beam.combiners.Count.PerElement()
-            | "TopWords" >> beam.combiners.Top.Of(args.max_words, key=lambda wc: (wc[1], wc[0]))
+            # Top.PerKey under one key, not Top.Of: Top.Of emits in finish_bundle, which
+            # Beam 2.77's DaskRunner drops (see beam_jobs/runners.py); the same list.
+            | "KeyWithNone" >> beam.Map(lambda wc: (None, wc))
+            | "TopWords" >> beam.combiners.Top.PerKey(args.max_words, key=lambda wc: (wc[1], wc[0]))
+            | "TopList" >> beam.Values()
             | "LearnAndWrite" >> beam.FlatMap(write_outputs)
         )
-    with beam.io.filesystems.FileSystems.open(meta_path) as handle:
+    if not FileSystems.exists(meta_path):  # no word at all reached the learner
+        raise ValueError(f"no word in {args.input} (--input): the corpus is empty")
+    with FileSystems.open(meta_path) as handle:
         return json.loads(handle.read().decode("utf-8"))
+
+
+def list_files(patterns: str) -> list[str]:
+    """The files that the comma-separated globs match, sorted. One element per file (not per
+    glob): runners that spread work by element only, such as the DaskRunner (with
+    --dask_npartitions), then read the files in parallel."""
+    globs = [pattern.strip() for pattern in patterns.split(",") if pattern.strip()]
+    files = sorted({m.path for result in FileSystems.match(globs) for m in result.metadata_list})
+    if not files:
+        raise ValueError(f"no file matches {patterns} (--input)")
+    return files
 
 
 if __name__ == "__main__":
