@@ -255,6 +255,25 @@ class _BlockReader:
             yield block_start, block_end - block_start, block
 
 
+def read_lines(input_range: InputRange):
+    """Yields the lines that start in `input_range`, decoded (UTF-8, else a ValueError naming
+    the file and offset), line breaks included: every line of a file exactly once, whatever
+    the ranges."""
+    path, end = input_range.path, input_range.end
+    compression = CompressionTypes.AUTO if end is None else CompressionTypes.UNCOMPRESSED
+    with FileSystems.open(path, compression_type=compression) as handle:
+        position = input_range.start
+        if position > 0:  # the line that starts before `start` belongs to the previous range
+            handle.seek(position - 1)
+            if handle.read(1) != b"\n":
+                position += len(handle.readline())
+        for raw in iter(handle.readline, b""):
+            if end is not None and position >= end:
+                return
+            yield decode_utf8(raw, path, position)
+            position += len(raw)
+
+
 def _skipper(counters: dict):
     def skip(reason, n=1):
         if n:
