@@ -73,7 +73,7 @@ from beam_jobs.instances import (
     finalize_stats,
     num_groups,
 )
-from beam_jobs.runners import Collect, TaggedOutputs, absolute, pipeline_options
+from beam_jobs.runners import Collect, TaggedOutputs, absolute, pipeline_options, release
 from models.tokenizer import Tokenizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -471,7 +471,9 @@ def run(argv=None, test_pipeline=None):
         return None
     pipeline = beam.Pipeline(options=pipeline_options(beam_args))
     build_pipeline(pipeline, args, special, ranges)
-    pipeline.run().wait_until_finish()
+    result = pipeline.run()
+    result.wait_until_finish()
+    release(result)
     phases = make_phases(args)
     all_stats = [read_stats(p.directory, args.split) for p in phases]
     for phase, stats in zip(phases, all_stats):

@@ -47,7 +47,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import reading
-from beam_jobs.runners import absolute, pipeline_options
+from beam_jobs.runners import absolute, pipeline_options, release
 
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -241,6 +241,8 @@ def run(argv=None, test_pipeline=None):
             | "TopList" >> beam.Values()
             | "LearnAndWrite" >> beam.FlatMap(write_outputs)
         )
+    if test_pipeline is None:
+        release(pipeline.result)
     if not FileSystems.exists(meta_path):  # no word at all reached the learner
         raise ValueError(f"no word in {args.input} (--input): the corpus is empty")
     with FileSystems.open(meta_path) as handle:
