@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from urllib.parse import urlparse
 
 import apache_beam as beam
@@ -104,21 +105,48 @@ def check_dask(address: str | None, timeout=None) -> None:
     from dask.distributed import Client
 
     seconds = timeout if isinstance(timeout, int) else 10
-    try:
-        with Client(address, timeout=seconds, set_as_default=False) as client:
-            if not client.scheduler_info().get("workers"):
-                client.wait_for_workers(1, timeout=seconds)
-            client.run_on_scheduler(exec, JOB_MODULES)
-            client.run(exec, JOB_MODULES)
-    except ImportError as err:
+    outcome: dict = {}
+
+    def probe():
+        try:
+            with Client(address, timeout=seconds, set_as_default=False) as client:
+                outcome["connected"] = True
+                if not client.scheduler_info().get("workers"):
+                    client.wait_for_workers(1, timeout=seconds)
+                outcome["workers"] = True
+                client.run_on_scheduler(exec, JOB_MODULES)
+                client.run(exec, JOB_MODULES)
+            outcome["ok"] = True
+        except BaseException as err:  # noqa: BLE001 - reported below
+            outcome["error"] = err
+
+    # In a thread with a deadline: a server that is not a Dask scheduler (e.g. its HTTP
+    # port, 8787) accepts the connection and never answers, and Client's own timeout
+    # does not end that wait.
+    deadline = 2 * seconds + 5
+    thread = threading.Thread(target=probe, daemon=True, name="dask-scheduler-check")
+    thread.start()
+    thread.join(deadline)
+    err = outcome.get("error")
+    if "ok" in outcome:
+        return
+    if isinstance(err, ImportError):
         raise RunnerUnavailable(
             f"the Dask cluster at {address} cannot import this project's code ({err}): start "
             f"its scheduler and workers with PYTHONPATH=<this checkout>, or install the "
             f"package on them (the same versions as here)") from None
-    except (OSError, TimeoutError) as err:
+    if "connected" not in outcome:
+        raise RunnerUnavailable(
+            f"{address} ({where}) does not answer as a Dask scheduler "
+            f"({err or f'no reply in {deadline} s'}): give the scheduler's address (its "
+            f"comm port, 8786 by default, not the dashboard's)") from None
+    if "workers" not in outcome:
         raise RunnerUnavailable(
             f"the Dask scheduler at {address} has no worker ({err or 'timed out'}): start "
             f"`dask worker {address}` on each machine") from None
+    raise RunnerUnavailable(
+        f"the Dask cluster at {address} failed a check run on its scheduler and workers "
+        f"({err!r}); see their logs") from None
 
 
 def release(result) -> None:
