@@ -80,7 +80,9 @@ def run_cli(*args):
 
 
 def overrides(tmp_path, corpus_dir, name):
-    return [f"run_dir={tmp_path / name}", f"corpus.path={corpus_dir}/*.txt",
+    """A run directory, MLflow store and artifacts all under tmp_path (none in the checkout)."""
+    return ["--run-root", str(tmp_path), f"run_dir={tmp_path / name}",
+            f"corpus.path={corpus_dir}/*.txt",
             f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
             "tracking.experiment=dask"]
 
