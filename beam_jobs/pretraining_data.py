@@ -59,7 +59,6 @@ import uuid
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs import reading, schema, transforms
 from beam_jobs.example_encoder import ExampleEncoder
@@ -74,6 +73,7 @@ from beam_jobs.instances import (
     finalize_stats,
     num_groups,
 )
+from beam_jobs.runners import Collect, TaggedOutputs, absolute, pipeline_options, release
 from models.tokenizer import Tokenizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -191,9 +191,11 @@ def shard_path(directory: str, split: str, shard: int, num_shards: int) -> str:
                                        f"{schema.SHARD_SUFFIX}")
 
 
-def write_shard(shard: int, parts, phase: Phase, split: str, num_shards: int) -> str:
+def write_shard(task, phase: Phase, split: str, num_shards: int) -> tuple:
     """Writes shard `shard` of a phase: records [shard * N / S, (shard + 1) * N / S) of the
-    groups' records in group order (N records, S shards). Returns its path."""
+    groups' records in group order (N records, S shards). `task`: (shard, all parts).
+    Returns ("shard", its path)."""
+    shard, parts = task
     parts = sorted((group, path, count) for index, group, path, count in parts
                    if index == phase.index)
     total = sum(count for _, _, count in parts)
@@ -221,16 +223,20 @@ def write_shard(shard: int, parts, phase: Phase, split: str, num_shards: int) ->
     if FileSystems.exists(final):
         FileSystems.delete([final])
     FileSystems.rename([temp], [final])
-    return final
+    return "shard", final
 
 
-def delete_temp(temp_dir: str, parts, shards) -> None:
-    """Removes the part files once every shard is written (`shards`: a side input)."""
-    paths = [path for _, _, path, _ in parts if FileSystems.exists(path)]
-    if paths:
-        FileSystems.delete(paths)
+def delete_temp(done, temp_dir: str) -> list:
+    """Removes the part files and their folder; `done`: (None, [what was written]) once every
+    shard and stats file is (the job's last step). Returns the paths written."""
+    written = sorted(path for _, path in done[1])
     if FileSystems.exists(temp_dir):
+        parts = [m.path for m in FileSystems.match([FileSystems.join(temp_dir, "*")])[0]
+                 .metadata_list]
+        if parts:
+            FileSystems.delete(parts)
         FileSystems.delete([temp_dir])
+    return written
 
 
 def stats_path(output_dir: str, split: str) -> str:
@@ -243,12 +249,13 @@ def read_stats(output_dir: str, split: str) -> dict:
         return json.loads(handle.read().decode("utf-8"))
 
 
-def write_stats(counters: dict, phase: Phase, settings: dict, split: str) -> dict:
+def write_stats(counters: dict, phase: Phase, settings: dict, split: str) -> tuple:
+    """Writes a phase's <split>-stats.json; returns ("stats", its path)."""
     stats = finalize_stats(counters, settings, phase.prefix)
-    with FileSystems.create(stats_path(phase.directory, split),
-                            compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    path = stats_path(phase.directory, split)
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         handle.write(json.dumps(stats, indent=2).encode("utf-8"))
-    return stats
+    return "stats", path
 
 
 def instance_settings(args, max_seq_length: int, max_predictions_per_seq: int) -> InstanceSettings:
@@ -302,11 +309,19 @@ def input_root(paths) -> str:
 
 def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
     """Adds the job's steps to `pipeline`; returns its main PCollections by name
-    (documents: the refs, parts, stats, shards) for tests to assert on."""
+    (documents: the refs, parts, stats: the summed counters, shards: the paths of the shards
+    and stats files written) for tests to assert on.
+
+    Runner-neutral (see beam_jobs/runners.py): no tagged outputs of a ParDo, no side
+    input, no output in finish_bundle, and one last step that depends on every other
+    (DeleteParts), so the same graph runs on the FnApiRunner, Dataflow and the DaskRunner.
+    """
     if ranges is None:
         ranges = reading.plan_input(args.input, int(args.read_chunk_mb * (1 << 20)))
     phases = make_phases(args)
     groups = num_groups(sum(r.size for r in ranges if r.start == 0), args.group_size_mb)
+    # Part files go below the output folder, through FileSystems: workers on other machines
+    # write and read them where the launcher's local disk is not (gs://, a shared mount).
     temp_dir = FileSystems.join(args.output_dir, f".tmp-{args.split}-{uuid.uuid4().hex[:12]}")
 
     # Only document references (path, offset, length) go through the shuffle; each group
@@ -319,31 +334,41 @@ def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
         | "AssignGroups" >> beam.Map(_key_by_group, seed=args.seed, groups=groups,
                                      root=input_root(r.path for r in ranges))
         | "GroupDocuments" >> beam.GroupByKey()
-        | "CreateInstances" >> beam.ParDo(CreateInstancesFn(
+        | "CreateInstances" >> TaggedOutputs(CreateInstancesFn(
             phases, special, temp_dir, args.vocab_file, args.lowercase, args.input_format,
-            args.text_field)).with_outputs(transforms.STATS_TAG, main="parts"))
-    parts = beam.pvalue.AsList(created.parts)
+            args.text_field), [transforms.STATS_TAG], main="parts"))
+    # Every shard needs every part's record count: all parts (one small tuple per group and
+    # phase) as one list, handed to each shard's writer (a Reshuffle spreads the writers).
+    all_parts = created.parts | "CollectParts" >> Collect()
     written = []
     for phase in phases:
         name = f"Phase{phase.index + 1}" if args.phases else ""
         written.append(
-            pipeline
-            | f"{name}ShardIds" >> beam.Create(list(range(args.num_shards)))
-            | f"{name}WriteShards" >> beam.Map(write_shard, parts, phase=phase, split=args.split,
+            all_parts
+            | f"{name}ShardTasks" >> beam.FlatMap(
+                lambda parts, shards: [(shard, parts) for shard in range(shards)],
+                shards=args.num_shards)
+            | f"{name}SpreadShards" >> beam.Reshuffle()
+            | f"{name}WriteShards" >> beam.Map(write_shard, phase=phase, split=args.split,
                                                num_shards=args.num_shards))
     shards = written[0] if len(written) == 1 else (written | "AllShards" >> beam.Flatten())
-    _ = (pipeline
-         | "TempDir" >> beam.Create([temp_dir])
-         | "DeleteParts" >> beam.Map(delete_temp, parts, beam.pvalue.AsList(shards)))
 
     counters = (
         (read.stats, created.stats)
         | "FlattenCounters" >> beam.Flatten()
-        | "SumCounters" >> beam.CombineGlobally(transforms.SumCounters()))
+        | "KeyCounters" >> beam.Map(lambda counters: (None, counters))
+        | "SumCounters" >> beam.CombinePerKey(transforms.SumCounters())
+        | "SummedCounters" >> beam.Values())
     stats = [counters | f"{'Phase%d' % (p.index + 1) if args.phases else ''}WriteStats" >> beam.Map(
         write_stats, phase=p, settings=settings_dict(args, p if args.phases else None),
         split=args.split) for p in phases]
-    return {"documents": read.documents, "parts": created.parts, "stats": stats[0],
+    # Last: the part files go once every shard and stats file is written.
+    _ = ((shards, *stats)
+         | "AllWritten" >> beam.Flatten()
+         | "KeyWritten" >> beam.Map(lambda written: (None, written))
+         | "WaitForAll" >> beam.GroupByKey()
+         | "DeleteParts" >> beam.Map(delete_temp, temp_dir=temp_dir))
+    return {"documents": read.documents, "parts": created.parts, "stats": counters,
             "shards": shards}
 
 
@@ -396,6 +421,8 @@ def parse_args(argv=None):
     parser.add_argument("--read_chunk_mb", type=float, default=16.0,
                         help="uncompressed files are read in ranges of this size")
     args, beam_args = parser.parse_known_args(argv)
+    args.input, args.output_dir = absolute(args.input), absolute(args.output_dir)
+    args.vocab_file = absolute(args.vocab_file)
     checks = [
         (args.max_seq_length >= 5, "--max_seq_length must be at least 5"),
         (args.max_predictions_per_seq >= 1, "--max_predictions_per_seq must be at least 1"),
@@ -442,9 +469,11 @@ def run(argv=None, test_pipeline=None):
     if test_pipeline is not None:
         build_pipeline(test_pipeline, args, special, ranges)
         return None
-    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+    pipeline = beam.Pipeline(options=pipeline_options(beam_args))
     build_pipeline(pipeline, args, special, ranges)
-    pipeline.run().wait_until_finish()
+    result = pipeline.run()
+    result.wait_until_finish()
+    release(result)
     phases = make_phases(args)
     all_stats = [read_stats(p.directory, args.split) for p in phases]
     for phase, stats in zip(phases, all_stats):

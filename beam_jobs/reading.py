@@ -35,6 +35,8 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs.runners import TaggedOutputs
+
 # Uncompressed files are read in byte ranges of this size (one range = one unit of work).
 READ_CHUNK_BYTES = 16 << 20
 
@@ -253,6 +255,25 @@ class _BlockReader:
             yield block_start, block_end - block_start, block
 
 
+def read_lines(input_range: InputRange):
+    """Yields the lines that start in `input_range`, decoded (UTF-8, else a ValueError naming
+    the file and offset), line breaks included: every line of a file exactly once, whatever
+    the ranges."""
+    path, end = input_range.path, input_range.end
+    compression = CompressionTypes.AUTO if end is None else CompressionTypes.UNCOMPRESSED
+    with FileSystems.open(path, compression_type=compression) as handle:
+        position = input_range.start
+        if position > 0:  # the line that starts before `start` belongs to the previous range
+            handle.seek(position - 1)
+            if handle.read(1) != b"\n":
+                position += len(handle.readline())
+        for raw in iter(handle.readline, b""):
+            if end is not None and position >= end:
+                return
+            yield decode_utf8(raw, path, position)
+            position += len(raw)
+
+
 def _skipper(counters: dict):
     def skip(reason, n=1):
         if n:
@@ -408,8 +429,8 @@ class ReadDocuments(beam.PTransform):
     """Globs (or a list of InputRange from `plan_input`) -> documents keyed by (path, offset).
 
     With `index_only`, the documents are not read: each comes as a ref (`index_range`)
-    for `DocumentLoader` to read later. Returns a DoOutputsTuple: the main output holds
-    the documents, `.stats` the counters.
+    for `DocumentLoader` to read later. Returns `.documents` (the documents) and `.stats`
+    (the counters), separate on every runner (`runners.TaggedOutputs`).
     """
 
     def __init__(self, patterns, input_format: str = "google", text_field: str = "text",
@@ -428,4 +449,4 @@ class ReadDocuments(beam.PTransform):
         return (
             pbegin
             | "Ranges" >> beam.Create(self._ranges, reshuffle=len(self._ranges) > 1)
-            | "ReadRanges" >> beam.ParDo(read).with_outputs(STATS_TAG, main="documents"))
+            | "ReadRanges" >> TaggedOutputs(read, [STATS_TAG], main="documents"))

@@ -6,15 +6,18 @@
 
 How it scales — a distributed word count, then a learner over the top words:
 
-  1. ReadLines / SplitWords: every worker reads its share of the lines (Beam splits
-     the files) and normalises + pre-tokenizes them into words, as BERT will.
-  2. CountWords: Beam sums the counts per word (a combiner: partial counts on each
-     worker, then a shuffle by word), so the corpus is never in one place. It is an
-     exact count of the whole corpus, not a sample: a sample would miss the rare
-     words that decide the tail of the vocabulary, and the count is cheap to scale.
+  1. Ranges / CountWords: the input files in byte ranges (`--read_chunk_mb`; a
+     compressed file is one range), one per element; every worker reads the lines of
+     its ranges, normalises + pre-tokenizes them into words, as BERT will
+     (SplitWords), and counts them (one pair per distinct word of the range).
+  2. SumCounts: Beam sums the counts per word (a shuffle by word), so the corpus is
+     never in one place. It is an exact count of the whole corpus, not a sample: a
+     sample would miss the rare words that decide the tail of the vocabulary, and
+     the count is cheap to scale.
   3. TopWords: only the `max_words` most frequent words (a bounded heap per worker,
-     merged) reach the last step. Its size grows with the number of distinct words
-     kept, not with the corpus.
+     merged; on the DaskRunner, which does not lift combiners, one heap) reach the
+     last step. Its size grows with the number of distinct words kept, not with the
+     corpus.
   4. LearnAndWrite (one worker): the Hugging Face `tokenizers` WordPiece trainer
      (Rust; ~1.5 s for 40k distinct words) learns the pieces from those counts.
      When they add up to more than `--max_learner_tokens`, they are scaled down
@@ -35,13 +38,16 @@ lowercased, accents stripped; cased: text untouched).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
-import os
 import re
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs import reading
+from beam_jobs.runners import absolute, pipeline_options, release
 
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -80,6 +86,30 @@ class SplitWords(beam.DoFn):
         self._lines.inc()
         self._words.inc(len(words))
         yield from words
+
+
+class CountWords(beam.DoFn):
+    """An input range (`reading.InputRange`) -> (word, count) for each distinct word of the
+    lines that start in it (`SplitWords`' words), sorted by word.
+
+    Counting a range's words in the worker first sends one pair per distinct word, not one
+    element per occurrence, into the shuffle: the combiner lifting that the FnApiRunner and
+    Dataflow do for CountPerElement, which Beam 2.77's DaskRunner does not (there the
+    per-occurrence count took 73 s for Brown's 1.1M words). The counts, hence the vocab, are
+    those of a count per occurrence.
+    """
+
+    def __init__(self, lowercase: bool):
+        self._split_words = SplitWords(lowercase)
+
+    def setup(self):
+        self._split_words.setup()
+
+    def process(self, input_range):
+        counts: collections.Counter = collections.Counter()
+        for line in reading.read_lines(input_range):
+            counts.update(self._split_words.process(line))
+        yield from sorted(counts.items())
 
 
 def learn_wordpiece(word_counts, vocab_size: int, min_word_count: int = 2,
@@ -158,7 +188,8 @@ def check_vocab(path: str) -> dict:
 
 
 def run(argv=None, test_pipeline=None):
-    """Runs the vocab job; returns the metadata dict also written beside the vocab (…/vocab.json)."""
+    """Runs the vocab job; returns the metadata dict also written beside the vocab
+    (…/vocab.json)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--input", required=True, help="glob(s) of text files, comma-separated")
     parser.add_argument("--output", required=True, help="path of vocab.txt to write")
@@ -167,15 +198,20 @@ def run(argv=None, test_pipeline=None):
     parser.add_argument("--min_word_count", type=int, default=2)
     parser.add_argument("--max_words", type=int, default=200_000)
     parser.add_argument("--max_learner_tokens", type=int, default=50_000_000)
+    parser.add_argument("--read_chunk_mb", type=float, default=16.0,
+                        help="uncompressed files are read (and their words counted) in "
+                             "ranges of this size")
     args, beam_args = parser.parse_known_args(argv)
-    meta_path = os.path.join(os.path.dirname(args.output) or ".", "vocab.json")
+    args.input, args.output = absolute(args.input), absolute(args.output)
+    # Beside the vocab, on any Beam filesystem (the step that writes it may run on a worker).
+    meta_path = FileSystems.join(FileSystems.split(args.output)[0] or ".", "vocab.json")
 
     def write_outputs(top_words):
-        word_counts = list(top_words)  # Top.Of emits one list of (word, count)
+        word_counts = list(top_words)  # one list of (word, count)
         beam.metrics.Metrics.counter("vocab", "distinct_words").inc(len(word_counts))
         tokens = learn_wordpiece(word_counts, args.vocab_size, args.min_word_count,
                                  args.max_learner_tokens)
-        with beam.io.filesystems.FileSystems.create(args.output) as handle:
+        with FileSystems.create(args.output) as handle:
             handle.write(("\n".join(tokens) + "\n").encode("utf-8"))
         meta = {
             "vocab_size": len(tokens),
@@ -186,22 +222,30 @@ def run(argv=None, test_pipeline=None):
             "word_occurrences_used": sum(n for _, n in word_counts),
             "special_token_ids": {t: tokens.index(t) for t in REQUIRED_TOKENS},
         }
-        with beam.io.filesystems.FileSystems.create(meta_path) as handle:
+        with FileSystems.create(meta_path) as handle:
             handle.write(json.dumps(meta, indent=2).encode("utf-8"))
         yield meta
 
-    pipeline = test_pipeline or beam.Pipeline(options=PipelineOptions(beam_args))
+    ranges = reading.plan_input(args.input, int(args.read_chunk_mb * (1 << 20)))
+    pipeline = test_pipeline or beam.Pipeline(options=pipeline_options(beam_args))
     with pipeline as p:
         _ = (
             p
-            | "ListInputs" >> beam.Create([pat.strip() for pat in args.input.split(",") if pat.strip()])
-            | "ReadLines" >> beam.io.ReadAllFromText()
-            | "SplitWords" >> beam.ParDo(SplitWords(args.lowercase))
-            | "CountWords" >> beam.combiners.Count.PerElement()
-            | "TopWords" >> beam.combiners.Top.Of(args.max_words, key=lambda wc: (wc[1], wc[0]))
+            | "Ranges" >> beam.Create(ranges, reshuffle=len(ranges) > 1)
+            | "CountWords" >> beam.ParDo(CountWords(args.lowercase))
+            | "SumCounts" >> beam.CombinePerKey(sum)
+            # Top.PerKey under one key, not Top.Of: Top.Of emits in finish_bundle, which
+            # Beam 2.77's DaskRunner drops (see beam_jobs/runners.py); the same list.
+            | "KeyWithNone" >> beam.Map(lambda wc: (None, wc))
+            | "TopWords" >> beam.combiners.Top.PerKey(args.max_words, key=lambda wc: (wc[1], wc[0]))
+            | "TopList" >> beam.Values()
             | "LearnAndWrite" >> beam.FlatMap(write_outputs)
         )
-    with beam.io.filesystems.FileSystems.open(meta_path) as handle:
+    if test_pipeline is None:
+        release(pipeline.result)
+    if not FileSystems.exists(meta_path):  # no word at all reached the learner
+        raise ValueError(f"no word in {args.input} (--input): the corpus is empty")
+    with FileSystems.open(meta_path) as handle:
         return json.loads(handle.read().decode("utf-8"))
 
 
