@@ -20,10 +20,12 @@ time), each at a seeded moment of one of three kinds, in turn:
             an MLflow call's write transaction
 
 The process group the suite started is killed (os.killpg, SIGKILL, by pid); nothing else is.
-`inside` in the table says whether the temporary file / journal was still there after the
-kill (so the kill landed inside that write, not just after it). The export is the pretrain
-stage's last step (pipeline/serving/export.py); its kills are drawn after the log line
-"final weights sha256" (training done), the pretrain stage's before it.
+`strays` counts kills whose temporaries (never renamed into place, never taken as output)
+were still in the run directory after the re-run. `inside` says whether the temporary file /
+journal was still there after the kill (so the kill landed inside that write, not just
+after). The export is the pretrain stage's last step (pipeline/serving/export.py); its kills
+are drawn after the log line "final weights sha256" (training done), the pretrain stage's
+before it.
 
 After each kill: the stage's output folder is absent or complete (equal to the reference's);
 a marker (.stage.json) the lineage would accept (`lineage.is_current`) has a complete output;
@@ -46,7 +48,8 @@ stage; for pretrain, a killed run that had written a checkpoint is the run reope
 tag resume.count), not a new one.
 
 Survived = every check passed; lost = a kill after which one failed; a kill that did not happen
-(the process ended before the moment came) is counted as missed, not injected. The last line
+(the process ended before the moment came, in ATTEMPTS runs with fresh draws) is counted as
+missed, not injected. The last line
 reads `fault-suite: <survived>/<injected> survived, <lost> lost`; the exit status is 1 if
 anything was lost. tests/test_faults.py runs one kill of the fast stages with these functions.
 """
@@ -86,6 +89,9 @@ STEPS, CHECKPOINT_EVERY = 24, 4
 # ~0.01 at a loss of ~6 on the tiny model).
 LOSS_TOLERANCE = 0.05
 POLL = 0.002  # seconds between looks at the temporary files and the journal
+# Runs drawn for one kill before it counts as missed: a stage may end before the drawn moment
+# (the corpus stage's temporary folder lives a few milliseconds on the tiny corpus).
+ATTEMPTS = 3
 SKIP = {".stage.json", ".pipeline.lock"}
 
 
@@ -338,6 +344,7 @@ class Result:
     after_kill: str = ""     # absent | complete | partial (the output folder after the kill)
     rerun: str = ""          # identical | curve | failed ...
     mlflow: str = ""
+    strays: int = 0          # temporaries of the killed run still there after the re-run
     problems: list = dataclasses.field(default_factory=list)
 
     @property
@@ -405,13 +412,17 @@ class Suite:
     def kill_once(self, stage: str, kind: str, rng: random.Random) -> Result:
         """From the state before `stage`, kill it at a drawn moment of `kind`, check what is
         left, run it again, compare."""
-        self.restore(f"before-{COMMAND.get(stage, stage)}")
-        before = set(self.store.runs())
-        moment = draw_moment(kind, stage, self.reference[stage], rng)
-        killed = watch(self.top, stage, self.top / "killed.log", moment)
-        result = Result(stage, kind, killed.killed_at, killed.inside)
-        if not result.injected:
-            result.problems.append(f"not killed: it ended first (exit {killed.returncode})")
+        for attempt in range(ATTEMPTS):  # a file / journal moment can come and go unseen
+            self.restore(f"before-{COMMAND.get(stage, stage)}")
+            before = set(self.store.runs())
+            moment = draw_moment(kind, stage, self.reference[stage], rng)
+            killed = watch(self.top, stage, self.top / "killed.log", moment)
+            result = Result(stage, kind, killed.killed_at, killed.inside)
+            if result.injected:
+                break
+        else:
+            result.problems.append(f"not killed in {ATTEMPTS} tries: it ended first "
+                                   f"(exit {killed.returncode})")
             result.rerun = "-"
             return result
         runs_killed = {k: v for k, v in self.store.runs().items() if k not in before}
@@ -423,6 +434,7 @@ class Suite:
             result.problems.append(f"the re-run failed (exit {rerun.returncode}): "
                                    f"{rerun.output.strip().splitlines()[-1:]}")
             return result
+        result.strays = len(temporaries(self.run))
         self.compare_rerun(stage, killed, rerun, result)
         self.check_rerun_runs(stage, runs_killed, rerun, result)
         return result
@@ -601,6 +613,7 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
             log(f"  {stage:8s} #{i + 1} {kind:6s} killed at "
                 f"{'-' if result.killed_at is None else f'{result.killed_at:5.1f} s'}"
                 f"{' (inside)' if result.inside else ''}: after kill {result.after_kill}, "
+                f"{result.strays} temporaries left, "
                 f"re-run {result.rerun}, {result.mlflow}: "
                 f"{'survived' if result.survived else 'missed' if not result.injected else 'LOST '}"
                 f"{'; '.join(result.problems) if result.injected else ''}"
@@ -610,7 +623,7 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
 
 def table(results: list[Result], stages) -> str:
     rows = [f"{'stage':9s} {'injected':>8s} {'survived':>8s} {'lost':>5s} {'missed':>6s} "
-            f"{'inside file':>11s} {'inside mlflow':>13s}  re-run outputs"]
+            f"{'inside file':>11s} {'inside mlflow':>13s} {'strays':>6s}  re-run outputs"]
     for stage in stages:
         mine = [r for r in results if r.stage == stage]
         injected = [r for r in mine if r.injected]
@@ -619,7 +632,8 @@ def table(results: list[Result], stages) -> str:
             f"{stage:9s} {len(injected):8d} {sum(r.survived for r in mine):8d} "
             f"{sum(not r.survived for r in injected):5d} {len(mine) - len(injected):6d} "
             f"{sum(r.inside for r in injected if r.kind == 'file'):11d} "
-            f"{sum(r.inside for r in injected if r.kind == 'mlflow'):13d}  {', '.join(reruns)}")
+            f"{sum(r.inside for r in injected if r.kind == 'mlflow'):13d} "
+            f"{sum(r.strays > 0 for r in injected):6d}  {', '.join(reruns)}")
     return "\n".join(rows)
 
 
