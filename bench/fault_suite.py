@@ -146,6 +146,7 @@ class Moment:
     kind: str
     at: float
     after: str = ""
+    occurrence: int = 1  # file / mlflow: the n-th time it appears (after `after`)
 
 
 @dataclasses.dataclass
@@ -193,6 +194,8 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
     probes = {"file": lambda: bool(temporaries(run_dir)), "mlflow": journal.exists,
               "random": lambda: True}
     seen: dict = {"file": [], "mlflow": []}
+    episodes = {"file": 0, "mlflow": 0, "random": 1}  # appearances since the anchor
+    was = {"file": False, "mlflow": False}
     lines, text, last_read = [], "", 0.0
     proc = start(top, stage, log_path)
     began = time.time()
@@ -212,8 +215,12 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
             for kind, hit in hits.items():
                 if hit:
                     seen[kind].append(now)
+                    if not was[kind] and anchor is not None:
+                        episodes[kind] += 1
+                was[kind] = hit
             if (moment and anchor is not None and now >= anchor + moment.at
-                    and (moment.kind == "random" or hits[moment.kind])):
+                    and (moment.kind == "random" or hits[moment.kind])
+                    and episodes[moment.kind] >= moment.occurrence):
                 os.killpg(proc.pid, signal.SIGKILL)  # our own child's group, by pid
                 proc.wait(timeout=60)
                 killed_at = now
@@ -244,14 +251,21 @@ def draw_moment(kind: str, stage: str, reference: Watched, rng: random.Random) -
             lo = line_time(reference, "step 1/") or lo
     if stage == "export" and trained:
         lo = trained
-    times = [t for t in reference.seen.get(kind, []) if lo <= t <= hi]
-    if kind == "random" or not times:
+    if kind == "random":
         at = rng.uniform(lo, hi)
-    else:
-        at = max(rng.choice(times) - 0.05, lo)  # just before one of the reference's
-    if stage == "export":
-        return Moment(kind, at - lo, TRAINED)
-    return Moment(kind, at)
+        return Moment(kind, at - lo, TRAINED) if stage == "export" else Moment(kind, at)
+    # By count, not time (a loaded machine stretches the times): the n-th appearance of a
+    # temporary file / the journal after the anchor line, n drawn among the reference's.
+    after = {"export": TRAINED, "pretrain": "step 1/"}.get(stage, "")
+    appearances = [t for t, gap in zip(reference.seen.get(kind, []),
+                                       _gaps(reference.seen.get(kind, []))) if gap]
+    count = sum(lo <= t <= hi for t in appearances)
+    return Moment(kind, 0.0, after, rng.randint(1, count) if count else 1)
+
+
+def _gaps(times: list) -> list:
+    """True where a look starts a new appearance (more than 3 looks after the previous one)."""
+    return [i == 0 or t - times[i - 1] > 3 * POLL + 0.01 for i, t in enumerate(times)]
 
 
 # ---------------------------------------------------------------------------
