@@ -579,7 +579,12 @@ class Suite:
         left = [r["status"] for k, r in runs.items() if k in runs_killed and k != run_id
                 and r["tags"].get("pipeline.stage")]
         result.mlflow += f"; re-run: {how} {runs.get(run_id, {}).get('status', '?')}" + (
-            f"; killed run left {','.join(left)}" if left else "")
+            f"; killed run now {','.join(left)}" if left else "")
+        # The killed invocation's runs say so once the next one has started: KILLED (tagged
+        # pipeline.interrupted), or continued (a resumed training) — none left RUNNING.
+        still = [k for k, r in runs.items() if k in runs_killed and r["status"] == "RUNNING"]
+        if still:
+            problems.append(f"{len(still)} run(s) of the killed invocation still RUNNING")
         result.problems += problems
 
 

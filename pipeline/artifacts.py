@@ -123,6 +123,9 @@ class Artifacts:
         self.logs_dir = self.root / "logs"
         # MLflow calls kept while the tracking store was down (pipeline/tracking/outbox.py)
         self.tracking_outbox = self.root / "tracking" / "outbox.jsonl"
+        # The MLflow runs of the invocation under way (removed when it ends): a later one
+        # that finds it marks those runs KILLED (pipeline/tracking/runs.py)
+        self.active_runs = self.root / "tracking" / "active_runs.json"
 
     def output_dir(self, stage: str) -> Path:
         """The folder a stage writes (its `output` in pipeline/stage_spec.py)."""
@@ -244,6 +247,18 @@ def require(path: Path, what: str, make_target: str) -> Path:
     return Path(path)
 
 
+def remove_strays(folder: Path, *patterns: str) -> None:
+    """Removes what a killed writer left beside its output (its temporary sibling, never taken
+    for the output: only a rename makes that). Only one invocation writes a run directory at
+    a time (the CLI's lock), so a sibling that exists when a write starts is a dead one's."""
+    for pattern in patterns:
+        for stray in Path(folder).glob(pattern):
+            if stray.is_dir() and not stray.is_symlink():
+                shutil.rmtree(stray, ignore_errors=True)
+            else:
+                stray.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path):
     """Yields a fresh temporary directory beside `final`; renames it to `final` on success.
@@ -253,6 +268,7 @@ def atomic_dir(final: Path):
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_strays(final.parent, f".{final.name}.tmp-*", f".{final.name}.old-*")
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -274,6 +290,7 @@ def atomic_file(final: Path, mode: str = "w", encoding: str | None = "utf-8"):
     """Yields an open file beside `final`; renames it over `final` when the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_strays(final.parent, f".{final.name}.tmp-*")
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     kwargs = {"encoding": encoding} if "b" not in mode else {}
     try:

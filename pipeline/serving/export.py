@@ -41,6 +41,7 @@ def export(model, paths: Artifacts) -> None:
     """model.keras and a SavedModel, both written beside and renamed into place only when both
     are complete (a full disk half-way leaves the previous pair as it was)."""
     paths.pretrain_dir.mkdir(parents=True, exist_ok=True)
+    artifacts.remove_strays(paths.pretrain_dir, f".tmp-*-{paths.model_keras.name}")
     tmp = paths.pretrain_dir / f".tmp-{os.getpid()}-{paths.model_keras.name}"
     try:
         model.save(str(tmp))

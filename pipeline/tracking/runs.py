@@ -103,6 +103,9 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
     mlflow.set_experiment(experiment_id=experiment_id)  # the stage runs nest in the same one
     run = mlflow.start_run(experiment_id=experiment_id,
                            run_name=f"pipeline: {' → '.join(stages)}", tags=tags)
+    paths = artifacts.Artifacts(config.run_dir)
+    _close_interrupted(paths, run.info.run_id)
+    _remember(paths, "pipeline", run.info.run_id)
     # From here on what the stages log survives the store going away (kept in the run dir).
     kept = outbox.configure(artifacts.Artifacts(config.run_dir).tracking_outbox,
                             logging.getLogger("pipeline").info, config.tracking.retry_seconds)
@@ -118,6 +121,41 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
             yield run
     finally:
         outbox.configure(None)
+        paths.active_runs.unlink(missing_ok=True)  # ended, one way or another, not killed
+
+
+def _remember(paths: artifacts.Artifacts, name: str, run_id: str) -> None:
+    """Adds a run of the invocation under way to <run_dir>/tracking/active_runs.json."""
+    try:
+        record = json.loads(paths.active_runs.read_text())
+    except (OSError, ValueError):
+        record = {}
+    record[name] = run_id
+    artifacts.write_text_atomic(paths.active_runs, json.dumps(record, indent=1))
+
+
+def _close_interrupted(paths: artifacts.Artifacts, new_parent: str) -> None:
+    """An active_runs.json left by an earlier invocation means it was killed (or its machine
+    went down) before it could end its runs (the run directory's lock keeps two invocations
+    apart): its runs that still say RUNNING are ended as KILLED, with a tag saying so, so
+    that the UI shows what happened. (An interrupted training's run is then reopened by its
+    re-run, `resumable_run`.)"""
+    try:
+        record = json.loads(paths.active_runs.read_text())
+    except (OSError, ValueError):
+        return
+    client = mlflow.MlflowClient()
+    for name, run_id in record.items():
+        try:
+            if client.get_run(run_id).info.status != "RUNNING":
+                continue
+            client.set_tag(run_id, "pipeline.interrupted",
+                           f"its invocation was killed before {name} ended; pipeline run "
+                           f"{new_parent} ran next")
+            client.set_terminated(run_id, "KILLED")
+        except mlflow.exceptions.MlflowException:
+            continue  # another store, or gone
+    paths.active_runs.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -172,6 +210,7 @@ def stage_run(name: str, config: config_lib.Config, description: str = "", tags:
     else:
         active = mlflow.start_run(run_name=name, nested=True, tags=tags,
                                   log_system_metrics=name in TRAINING_STAGES and _has_psutil())
+    _remember(artifacts.Artifacts(config.run_dir), name, active.info.run_id)
     with _ending(active):
         log_params(config_lib.to_flat_dict(config))
         mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")

@@ -161,6 +161,7 @@ class Checkpointer(keras.callbacks.Callback):
             self.model.stop_training = True
             return
         self.dir.mkdir(parents=True, exist_ok=True)
+        artifacts.remove_strays(self.dir, ".tmp-*.weights.h5")  # a killed run's half checkpoint
         tmp = self.dir / f".tmp-{os.getpid()}.weights.h5"
         # HDF5 is written in memory and the bytes to disk by plain Python: a write that fails
         # (a full disk) is then an ordinary OSError, with no HDF5 file left half-open (whose
