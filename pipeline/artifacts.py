@@ -384,13 +384,23 @@ def write_checksums(folder: Path, skip: tuple[str, ...] = ()) -> dict:
     its bytes and sha256, and for TFRecords its record count. Call it last: inside the folder
     aside, or once the stage's outputs are all in place (the CLI, before the stage's marker)."""
     folder = Path(folder)
+    files = checksum_entries(folder, skip)
+    write_text_atomic(folder / CHECKSUMS, json.dumps({"files": files}, indent=1))
+    return files
+
+
+def checksum_entries(folder: Path, skip: tuple[str, ...] = (), suffix: str = "") -> dict:
+    """{path relative to `folder`: {"bytes", "sha256"[, "records"]}} of the files
+    checksums.json lists (only those ending in `suffix`, if given)."""
+    folder = Path(folder)
     files = {}
     for path in sorted(p for p in folder.rglob("*") if _listed(p, folder, skip)):
+        if not path.name.endswith(suffix):
+            continue
         entry = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
         if path.suffix == ".tfrecord":
             entry["records"] = tfrecord_count(path)
         files[str(path.relative_to(folder))] = entry
-    write_text_atomic(folder / CHECKSUMS, json.dumps({"files": files}, indent=1))
     return files
 
 

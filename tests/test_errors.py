@@ -184,6 +184,8 @@ def test_a_damaged_shard_is_named_before_any_work(damage, made, tmp_path, capsys
     listed = json.loads((run / "data" / "checksums.json").read_text())["files"]
     shard = _shard(run)
     assert listed[shard.name]["records"] == artifacts.tfrecord_count(shard) > 0
+    assert json.loads((run / "data" / "stats.json").read_text())["shards"][shard.name] == \
+        listed[shard.name]  # stats.json records them too
     data = bytearray(shard.read_bytes())
     if damage == "truncated mid-record":
         shard.write_bytes(bytes(data[: len(data) - 7]))

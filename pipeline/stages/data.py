@@ -64,6 +64,9 @@ def run(config: Config, log=print) -> dict:
                 if dc.phases:
                     stats["phases"][i][split] = phase_stats
             stats[split] = per_phase[0]
+        # Every shard's records, bytes and sha256, for the record (checksums.json, below,
+        # lists them again with every other file: that is what is verified before use).
+        stats["shards"] = artifacts.checksum_entries(tmp, suffix=".tfrecord")
         (tmp / paths.data_stats.name).write_text(json.dumps(stats, indent=2))
         # Last: every shard's bytes, sha256 and record count, verified before any use.
         stats["files"] = artifacts.write_checksums(tmp)
