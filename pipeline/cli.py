@@ -58,7 +58,7 @@ TOOLS = {
     "retrieval-eval": "pipeline.tools.retrieval_eval:main",  # symmetric vs passage-level search
     "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
     # MLflow calls a run kept while the tracking store was down, sent now
-    "tracking-sync": "pipeline.tracking.outbox:main",
+    "tracking-sync": "pipeline.tools.tracking_sync:main",
 }
 
 

@@ -183,12 +183,15 @@ def die_after_checkpoint(monkeypatch, when):
     return lambda: monkeypatch.setattr(callbacks.Checkpointer, "save", save)
 
 
-def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
-    """6 steps straight vs 3 steps, killed, resumed for 3: the same batches and losses."""
+@pytest.mark.parametrize("dropout", ["0", "0.1"])
+def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch, dropout):
+    """6 steps straight vs 3 steps, killed, resumed for 3: the same batches, losses and final
+    weights; with dropout too (its random state is kept beside each checkpoint)."""
     no_export(monkeypatch)
     write_pretraining_data(tmp_path / "straight")
     write_pretraining_data(tmp_path / "killed")
-    args = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2"]
+    args = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2",
+            f"model.dropout={dropout}"]
     straight = pretrain.run(tiny_config(tmp_path / "straight", *args), log=lambda line: None)
 
     revive = die_after_checkpoint(monkeypatch, lambda ckpt: checkpoints.global_step(ckpt.model) == 3)
@@ -206,6 +209,7 @@ def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch):
         for key in ("loss", "mlm_loss", "nsp_loss", "grad_norm", "learning_rate"):
             np.testing.assert_allclose(metrics[key], expected[step][key], rtol=1e-5, err_msg=key)
     np.testing.assert_allclose(resumed["eval_loss"], straight["eval_loss"], rtol=1e-5)
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
 
 
 def test_non_finite_loss_stops_without_overwriting_the_last_checkpoint(tmp_path, monkeypatch):

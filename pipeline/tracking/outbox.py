@@ -13,6 +13,8 @@ invocation on the same run directory, or by
 
     python -m pipeline tracking-sync --config FILE [key=value ...]
 
+(pipeline/tools/tracking_sync.py).
+
 A run whose end could not be recorded stays RUNNING in the store until then (the outbox holds
 its FINISHED/FAILED with the time it really ended).
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -347,44 +348,3 @@ def _rewrite(path: Path, entries: list[dict]) -> None:
     tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
     os.replace(tmp, path)
     _state.pending = len(entries)
-
-
-# ---------------------------------------------------------------------------
-# python -m pipeline tracking-sync --config FILE [key=value ...]
-# ---------------------------------------------------------------------------
-def main(argv: list[str]) -> int:
-    """Sends what a run directory's outbox holds. Exit 0 when it is empty afterwards, 2 when
-    the store still does not answer (nothing lost: run it again later)."""
-    import argparse
-
-    from pipeline import artifacts
-    from pipeline import config as config_lib
-    from pipeline.tracking import runs
-
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline tracking-sync",
-        description="Send the MLflow calls a run kept while the tracking store was down.")
-    parser.add_argument("overrides", nargs="*", help="section.key=value (e.g. run_dir=runs/x)")
-    parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
-    args = parser.parse_args(argv[1:] if argv and argv[0] == "tracking-sync" else argv)
-    try:
-        config = config_lib.load(args.config, args.overrides)
-    except config_lib.ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    set_http_patience()
-    mlflow.set_tracking_uri(runs.tracking_uri(config))
-    outbox_file = artifacts.Artifacts(config.run_dir).tracking_outbox
-    waiting = configure(outbox_file)
-    if not waiting:
-        print(f"tracking-sync: nothing kept in {outbox_file}")
-        return 0
-    sent, left = flush()
-    if left:
-        print(f"error: the tracking store {mlflow.get_tracking_uri()} still does not answer: "
-              f"sent {sent} of {waiting} kept calls, {left} stay in {outbox_file}; run "
-              f"tracking-sync again when it is up", file=sys.stderr)
-        return 2
-    print(f"tracking-sync: sent {sent} kept calls from {outbox_file} to "
-          f"{mlflow.get_tracking_uri()}")
-    return 0

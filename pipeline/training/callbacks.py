@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline import artifacts
 from pipeline.tracking import outbox
-from pipeline.training.checkpoints import CHECKPOINT_RE, global_step
+from pipeline.training.checkpoints import CHECKPOINT_RE, global_step, seed_states, seeds_file
 
 
 # ---------------------------------------------------------------------------
@@ -174,13 +174,16 @@ class Checkpointer(keras.callbacks.Callback):
         except BaseException:  # no half-written file stays behind
             tmp.unlink(missing_ok=True)
             raise
-        os.replace(tmp, self.dir / f"ckpt-{step:08d}.weights.h5")
+        final = self.dir / f"ckpt-{step:08d}.weights.h5"
+        artifacts.write_text_atomic(seeds_file(final), json.dumps(seed_states(self.model)))
+        os.replace(tmp, final)
         artifacts.write_text_atomic(self.dir / "config.yaml", self.config_yaml)
         latest = {"step": step, **({"train_seconds": self.clock()} if self.clock else {})}
         artifacts.write_text_atomic(self.dir / "latest.json", json.dumps(latest))
         old = sorted(p for p in self.dir.glob("ckpt-*.weights.h5") if CHECKPOINT_RE.search(p.name))
         for path in old[:-self.keep]:
             path.unlink()
+            seeds_file(path).unlink(missing_ok=True)
 
     def on_epoch_end(self, epoch, logs=None):
         self.save()

@@ -28,6 +28,40 @@ def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:
     return max(found) if found else None
 
 
+# Keras does not save the state of its random seed generators (dropout's) in .weights.h5: a
+# resumed training would draw the dropout masks of step 1 again and part from the
+# uninterrupted run. The states go beside each checkpoint, in ckpt-<step>.seeds.json.
+SEED_STATE = "seed_generator_state"
+
+
+def seeds_file(checkpoint: Path) -> Path:
+    return Path(checkpoint).with_name(Path(checkpoint).name.replace(".weights.h5", ".seeds.json"))
+
+
+def seed_states(model) -> list:
+    """[[variable path, state]] of every random seed generator of `model`, in order."""
+    return [[v.path, np.asarray(keras.ops.convert_to_numpy(v)).tolist()]
+            for v in model.variables if v.path.endswith(SEED_STATE)]
+
+
+def restore_seed_states(model, checkpoint: Path) -> bool:
+    """Puts back the seed generator states saved beside `checkpoint` (False if none were, as
+    with checkpoints written before they were kept)."""
+    try:
+        saved = json.loads(seeds_file(checkpoint).read_text())
+    except (OSError, ValueError):
+        return False
+    # By order (the model is built the same way; its layers' names may be numbered otherwise
+    # when another model was built in this process before).
+    variables = [v for v in model.variables if v.path.endswith(SEED_STATE)]
+    if len(saved) != len(variables) or any(
+            np.shape(state) != tuple(v.shape) for (_, state), v in zip(saved, variables)):
+        return False
+    for variable, (_, state) in zip(variables, saved):
+        variable.assign(np.asarray(state, dtype=keras.backend.standardize_dtype(variable.dtype)))
+    return True
+
+
 def checkpoint_seconds(checkpoint: Path) -> float:
     """The training seconds recorded with the newest checkpoint in `checkpoint`'s folder
     (latest.json), 0 if none: a resumed run's clock for time to accuracy continues from it."""

@@ -31,6 +31,7 @@ from pipeline.training.checkpoints import (
     checkpoint_seconds,
     global_step,
     latest_checkpoint,
+    restore_seed_states,
     start_from_previous_phase,
     weights_digest,
 )
@@ -73,6 +74,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         PretrainingStep.prebuild(model, train_data.element_spec)
         if found:
             model.load_weights(str(found[1]))
+            restore_seed_states(model, found[1])  # dropout goes on with the masks it would draw
             log(f"{prefix}: resuming from {found[1].name} (step {global_step(model)})")
         elif previous is not None:
             start_from_previous_phase(model, previous, log, prefix)
