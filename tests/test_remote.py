@@ -317,3 +317,55 @@ def test_the_workers_wheel_installs_and_imports_without_tensorflow(tmp_path):
     assert lines[0].startswith(str(site))  # the wheel's copy, not the checkout's
     assert lines[1] == "['e', 'l']"
 
+
+def test_the_stages_with_a_remote_dir_give_the_outputs_of_local_paths(store, tmp_path):
+    """`data.remote_dir`: the vocab and data stages copy their inputs below the URL, run the
+    jobs there and copy the outputs back; the run directory ends up with the same bytes, and
+    the copies are gone."""
+    from pipeline import config as config_lib
+    from pipeline import remote_dir
+    from pipeline.stages import data as data_stage
+    from pipeline.stages import vocab as vocab_stage
+
+    runs = {}
+    for name, extra in (("local", []), ("remote", ["data.remote_dir=memfs://bucket/staging"])):
+        run = tmp_path / name
+        write_corpus(run / "corpus" / "train")
+        (run / "corpus" / "eval").mkdir()
+        (run / "corpus" / "eval" / "part-0.txt").write_bytes(
+            (run / "corpus" / "train" / "part-2.txt").read_bytes())
+        (run / "corpus" / "manifest.json").write_text("{}")
+        config = config_lib.load("configs/test_tiny.yaml", [
+            f"run_dir={run}", "vocab.size=150", "vocab.min_word_count=1",
+            "data.max_seq_length=32", "data.max_predictions_per_seq=5", "data.num_shards=2",
+            *extra])
+        vocab_stage.run(config, log=lambda *_: None)
+        stats = data_stage.run(config, log=lambda *_: None)
+        runs[name] = run, stats
+        assert not store  # every copy below the URL deleted
+    (local, local_stats), (remote, remote_stats) = runs["local"], runs["remote"]
+    for folder in ("vocab", "data"):
+        names = sorted(str(p.relative_to(local / folder)) for p in (local / folder).rglob("*"))
+        assert names == sorted(str(p.relative_to(remote / folder))
+                               for p in (remote / folder).rglob("*"))
+        for name in names:
+            if name.endswith((".txt", ".tfrecord")):
+                assert (local / folder / name).read_bytes() == \
+                    (remote / folder / name).read_bytes(), name
+    assert "data/train-00000-of-00002.tfrecord" in [
+        str(p.relative_to(local)) for p in local.rglob("*.tfrecord")]
+    for split in ("train", "eval"):
+        assert {k: v for k, v in remote_stats[split].items() if k != "settings"} == \
+            {k: v for k, v in local_stats[split].items() if k != "settings"}
+        assert remote_stats[split]["settings"]["input"].startswith("memfs://bucket/staging/")
+    assert json.loads((remote / "vocab" / "vocab.json").read_text()) == \
+        json.loads((local / "vocab" / "vocab.json").read_text())
+
+    # A remote runner without data.remote_dir stops before anything runs (exit 2).
+    flink = config_lib.load("configs/test_tiny.yaml", [
+        f"run_dir={local}", 'data.beam_args=["--runner=FlinkRunner"]'])
+    with pytest.raises(ValueError, match="data.beam_args runs the Beam jobs on FlinkRunner.*"
+                                         "set data.remote_dir"):
+        data_stage.run(flink, log=lambda *_: None)
+    assert remote_dir.remote_runner(["--runner=PortableRunner",
+                                     "--environment_type=LOOPBACK"]) == ""
