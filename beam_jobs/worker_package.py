@@ -167,3 +167,11 @@ def worker_args(beam_args) -> list[str]:
                  "--sdk_container_image or --setup_file to package them yourself)",
                  str(options.get("runner")).rsplit(".", 1)[-1], wheel)
     return [f"--extra_package={wheel}"]
+
+
+if __name__ == "__main__":  # python -m beam_jobs.worker_package DIR: the wheel, for an image
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m beam_jobs.worker_package DIR (where to write the wheel)")
+    print(build_wheel(sys.argv[1]))

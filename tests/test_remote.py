@@ -369,3 +369,23 @@ def test_the_stages_with_a_remote_dir_give_the_outputs_of_local_paths(store, tmp
         data_stage.run(flink, log=lambda *_: None)
     assert remote_dir.remote_runner(["--runner=PortableRunner",
                                      "--environment_type=LOOPBACK"]) == ""
+
+
+def test_the_worker_image_is_beams_sdk_image_plus_the_wheel(tmp_path):
+    """deploy/Dockerfile.beam-worker: Beam's SDK image at this Beam and Python version (a
+    worker's SDK must be the launcher's), and the wheel `python -m beam_jobs.worker_package`
+    writes is the one it copies. (Not built here: no Docker.)"""
+    from importlib import metadata
+
+    text = (PROJECT / "deploy" / "Dockerfile.beam-worker").read_text()
+    assert f"ARG BEAM_VERSION={metadata.version('apache-beam')}\n" in text
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"FROM apache/beam_python{python}_sdk:${{BEAM_VERSION}}\n" in text
+    result = subprocess.run([sys.executable, "-m", "beam_jobs.worker_package", str(tmp_path)],
+                            capture_output=True, text=True, cwd=PROJECT, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    wheel = Path(result.stdout.strip())
+    assert wheel.parent == tmp_path and wheel.is_file()
+    assert wheel.match("bert_pipeline_worker-*.whl")
+    assert "COPY dist/bert_pipeline_worker-*.whl" in text
