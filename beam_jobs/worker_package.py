@@ -159,6 +159,8 @@ def worker_args(beam_args) -> list[str]:
     packaging flag was given, else none."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    if not any(name in str(arg) for arg in beam_args for name in REMOTE_RUNNERS):
+        return []  # not parsed: a local runner's flags may not be registered yet (Dask's)
     options = PipelineOptions(list(beam_args)).get_all_options()
     if not runs_elsewhere(options):
         return []
