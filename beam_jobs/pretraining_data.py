@@ -73,7 +73,14 @@ from beam_jobs.instances import (
     finalize_stats,
     num_groups,
 )
-from beam_jobs.runners import Collect, TaggedOutputs, absolute, pipeline_options, release
+from beam_jobs.runners import (
+    Collect,
+    TaggedOutputs,
+    absolute,
+    check_paths,
+    pipeline_options,
+    release,
+)
 from models.tokenizer import Tokenizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -228,13 +235,16 @@ def write_shard(task, phase: Phase, split: str, num_shards: int) -> tuple:
 
 def delete_temp(done, temp_dir: str) -> list:
     """Removes the part files and their folder; `done`: (None, [what was written]) once every
-    shard and stats file is (the job's last step). Returns the paths written."""
+    shard and stats file is (the job's last step). Returns the paths written.
+
+    The parts are found by a match, not below an existing folder: on an object store (gs://,
+    s3://) the folder is only a prefix, which `exists` does not see."""
     written = sorted(path for _, path in done[1])
-    if FileSystems.exists(temp_dir):
-        parts = [m.path for m in FileSystems.match([FileSystems.join(temp_dir, "*")])[0]
-                 .metadata_list]
-        if parts:
-            FileSystems.delete(parts)
+    parts = [m.path for m in FileSystems.match([FileSystems.join(temp_dir, "*")])[0]
+             .metadata_list]
+    if parts:
+        FileSystems.delete(parts)
+    if FileSystems.exists(temp_dir):  # a local folder
         FileSystems.delete([temp_dir])
     return written
 
@@ -423,6 +433,10 @@ def parse_args(argv=None):
     args, beam_args = parser.parse_known_args(argv)
     args.input, args.output_dir = absolute(args.input), absolute(args.output_dir)
     args.vocab_file = absolute(args.vocab_file)
+    try:
+        check_paths(input=args.input, output_dir=args.output_dir, vocab_file=args.vocab_file)
+    except ValueError as err:
+        parser.error(str(err))
     checks = [
         (args.max_seq_length >= 5, "--max_seq_length must be at least 5"),
         (args.max_predictions_per_seq >= 1, "--max_predictions_per_seq must be at least 1"),

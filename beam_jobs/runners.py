@@ -31,6 +31,8 @@ from urllib.parse import urlparse
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_jobs import worker_package
+
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 SHORT_NAMES = {"DaskRunner": DASK_RUNNER}
 # What the scheduler and every worker must import to run the jobs' task graphs.
@@ -43,6 +45,32 @@ def absolute(paths: str) -> str:
     directory, which is not the launcher's (a Dask worker's is wherever it was started)."""
     return ",".join(p.strip() if "://" in p or not p.strip() else os.path.abspath(p.strip())
                     for p in paths.split(","))
+
+
+# The Beam extra that brings each object store's filesystem (gs:// without it: "Unable to get
+# filesystem from specified path" from deep inside the first read).
+FILESYSTEM_EXTRAS = {"gs": "gcp", "s3": "aws", "azfs": "azure", "hdfs": "hadoop"}
+
+
+def check_paths(**paths: str) -> None:
+    """Raises ValueError, one line naming the flag, if a path's URL scheme (gs://, s3://) has
+    no Beam filesystem in this process, with the package to install. `paths`: flag name ->
+    path(s), comma-separated."""
+    from apache_beam.io.filesystems import FileSystems
+
+    for flag, value in paths.items():
+        for path in (p.strip() for p in value.split(",")):
+            if "://" not in path:
+                continue
+            scheme = path.split("://", 1)[0]
+            try:
+                FileSystems.get_filesystem(path)
+            except ValueError:
+                extra = FILESYSTEM_EXTRAS.get(scheme)
+                install = (f"pip install 'apache-beam[{extra}]' (the same version as "
+                           f"apache-beam here)" if extra else "use a local path or another URL")
+                raise ValueError(f"--{flag} {path}: Beam has no filesystem for {scheme}:// "
+                                 f"in this environment; {install}") from None
 
 
 class RunnerUnavailable(ValueError):
@@ -62,9 +90,12 @@ def expand_runner(beam_args) -> list[str]:
 
 
 def pipeline_options(beam_args, check: bool = True) -> PipelineOptions:
-    """PipelineOptions from Beam flags (short runner names expanded); with `check`, a Dask
-    scheduler named by --dask_client_address must answer and import the jobs' code."""
+    """PipelineOptions from Beam flags (short runner names expanded, the workers' package
+    added for a runner whose workers run elsewhere: beam_jobs/worker_package.py); with
+    `check`, a Dask scheduler named by --dask_client_address must answer and import the
+    jobs' code."""
     beam_args = expand_runner(beam_args)
+    beam_args += worker_package.worker_args(beam_args)
     if any(DASK_RUNNER in arg for arg in beam_args):
         # Registers DaskOptions (--dask_client_address, ...); unregistered flags are dropped
         # ("Discarding unparseable args") and the runner starts a LocalCluster instead.

@@ -47,7 +47,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import reading
-from beam_jobs.runners import absolute, pipeline_options, release
+from beam_jobs.runners import absolute, check_paths, pipeline_options, release
 
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -167,14 +167,17 @@ def learn_wordpiece(word_counts, vocab_size: int, min_word_count: int = 2,
 
 
 def check_vocab(path: str) -> dict:
-    """Reads a vocab.txt; raises ValueError naming the file if a special token is missing.
+    """Reads a vocab.txt (any Beam filesystem: a local path, gs://, s3://); raises ValueError
+    naming the file if a special token is missing.
 
     Returns {token: id} for the special tokens.
     """
     from models.tokenizer import vocab_tokens
 
-    with open(path, encoding="utf-8") as handle:
-        tokens = vocab_tokens(handle.read())
+    if not FileSystems.exists(path):
+        raise FileNotFoundError(f"vocab file {path} not found")
+    with FileSystems.open(path) as handle:
+        tokens = vocab_tokens(reading.decode_utf8(handle.read(), path))
     ids = {token: i for i, token in enumerate(tokens)}
     missing = [t for t in REQUIRED_TOKENS if t not in ids]
     if missing:
@@ -203,6 +206,7 @@ def run(argv=None, test_pipeline=None):
                              "ranges of this size")
     args, beam_args = parser.parse_known_args(argv)
     args.input, args.output = absolute(args.input), absolute(args.output)
+    check_paths(input=args.input, output=args.output)
     # Beside the vocab, on any Beam filesystem (the step that writes it may run on a worker).
     meta_path = FileSystems.join(FileSystems.split(args.output)[0] or ".", "vocab.json")
 

@@ -95,6 +95,11 @@ class DataConfig:
     phases: list = field(default_factory=list)
     # Extra Apache Beam flags, e.g. ["--runner=DataflowRunner", "--project=..."].
     beam_args: list = field(default_factory=lambda: ["--runner=DirectRunner"])
+    # A URL the Beam workers reach (gs://bucket/bert, s3://...): the vocab and data stages copy
+    # their inputs there, run the jobs on it and copy the outputs back (pipeline/remote_dir.py).
+    # Needed by runners whose workers run elsewhere (Dataflow, Flink, Spark); empty: the jobs
+    # get the run directory's paths.
+    remote_dir: str = ""
 
 
 @dataclass

@@ -4,6 +4,9 @@ Runs the Beam job once for the training documents and once for the held-out
 documents, into a temporary directory that replaces <run_dir>/data only when
 both are complete, then writes <run_dir>/data/stats.json (both splits' stats
 and the settings the records were made with; the pretrain stage checks them).
+With `data.remote_dir` (a URL, for workers on other machines) the job reads copies of the
+corpus and vocab below it and writes there; its outputs are copied back into the temporary
+directory (pipeline/remote_dir.py).
 
 Layout: one phase (the default) writes data/{train,eval}-*.tfrecord; with
 `data.phases` (e.g. ["128/20", "512/80"]) each phase has its own folder,
@@ -27,6 +30,7 @@ from beam_jobs import pretraining_data
 from beam_jobs import vocab as vocab_job
 from pipeline import artifacts
 from pipeline import config as config_lib
+from pipeline import remote_dir
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config, data_job
 from pipeline.tracking import outbox
@@ -47,13 +51,18 @@ def run(config: Config, log=print) -> dict:
         stats["phases"] = [{"name": f"phase{i + 1}", "dir": f"phase{i + 1}",
                             "max_seq_length": seq, "max_predictions_per_seq": pred}
                            for i, (seq, pred) in enumerate(phases)]
-    with artifacts.atomic_dir(paths.data_dir) as tmp:
+    remote_dir.check(config)
+    with artifacts.atomic_dir(paths.data_dir) as tmp, remote_dir.Staging(config, "data") as stage:
+        vocab_file = stage.file(paths.vocab_file, "vocab/vocab.txt")
+        output = stage.output(tmp, "data")
         for split in ("train", "eval"):
             if not paths.corpus_files(split):
                 raise artifacts.MissingArtifact(
                     f"no {split} text in {paths.corpus_dir / split}; run `make corpus` again")
+            corpus = stage.files(paths.corpus_files(split), paths.corpus_glob(split),
+                                 f"corpus/{split}")
             result = pretraining_data.run(data_job.job_args(
-                config, paths.corpus_glob(split), str(paths.vocab_file), str(tmp), split))
+                config, corpus, vocab_file, output, split))
             per_phase = result["phases"] if dc.phases else [result]
             for i, phase_stats in enumerate(per_phase):
                 if not phase_stats["instances"]:
@@ -64,6 +73,7 @@ def run(config: Config, log=print) -> dict:
                 if dc.phases:
                     stats["phases"][i][split] = phase_stats
             stats[split] = per_phase[0]
+        stage.download(output, tmp)
         # Every shard's records, bytes and sha256, for the record (checksums.json, below,
         # lists them again with every other file: that is what is verified before use).
         stats["shards"] = artifacts.checksum_entries(tmp, suffix=".tfrecord")

@@ -1,7 +1,8 @@
 """Stage `vocab`: the training corpus → a WordPiece `vocab.txt` (Beam job `beam_jobs.vocab`).
 
 Reads <run_dir>/corpus/train, writes <run_dir>/vocab/{vocab.txt, vocab.json}
-atomically; logs the vocab and its metadata to MLflow.
+atomically; logs the vocab and its metadata to MLflow. With `data.remote_dir` the job reads a
+copy of the corpus below that URL and writes the vocab there (pipeline/remote_dir.py).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import json
 import shutil
 import time
 
+from apache_beam.io.filesystems import FileSystems
+
 from beam_jobs import vocab as vocab_job
-from pipeline import artifacts
+from pipeline import artifacts, remote_dir
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.tracking import outbox
@@ -27,16 +30,20 @@ def run(config: Config, log=print) -> dict:
     start = time.time()
     if vc.from_file:
         return use_existing_vocab(config, paths, log)
-    with artifacts.atomic_dir(paths.vocab_dir) as tmp:
+    remote_dir.check(config)
+    with artifacts.atomic_dir(paths.vocab_dir) as tmp, remote_dir.Staging(config, "vocab") as stage:
+        output = stage.output(tmp, "vocab")
         meta = vocab_job.run([
-            "--input", paths.corpus_glob("train"),
-            "--output", str(tmp / paths.vocab_file.name),
+            "--input", stage.files(paths.corpus_files("train"), paths.corpus_glob("train"),
+                                   "corpus/train"),
+            "--output", FileSystems.join(output, paths.vocab_file.name),
             "--vocab_size", str(vc.size),
             "--lowercase", str(vc.lowercase).lower(),
             "--min_word_count", str(vc.min_word_count),
             "--max_words", str(vc.max_words),
             *config.data.beam_args,
         ])
+        stage.download(output, tmp)
         vocab_job.check_vocab(str(tmp / paths.vocab_file.name))
     seconds = time.time() - start
     log(f"vocab: {meta['vocab_size']:,} tokens learned from {meta['distinct_words_used']:,} distinct "
