@@ -24,7 +24,6 @@ import bz2
 import codecs
 import email
 import email.policy
-import glob
 import html
 import json
 import re
