@@ -168,3 +168,17 @@ def test_champion_moves_only_to_a_better_model_on_the_same_split(tmp_path):
     b = client.create_model_version("reg", f"file://{tmp_path}/r1").version
     assert tracking.promote_if_better("reg", a, "loss", 0.5, "s", higher_is_better=False, log=log.append)
     assert tracking.promote_if_better("reg", b, "loss", 0.4, "s", higher_is_better=False, log=log.append)
+
+
+def test_a_new_sqlite_store_is_made_aside(tmp_path):
+    """MLflow migrates a new SQLite store in place; a kill then left an unusable file (the fault
+    suite found it). The store appears only once complete, and an existing one is untouched."""
+    store = tmp_path / "deep" / "mlflow.db"
+    tracking.create_sqlite_store(f"sqlite:///{store}")
+    assert sorted(p.name for p in store.parent.iterdir()) == ["mlflow.db"]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    before = store.read_bytes()
+    tracking.create_sqlite_store(f"sqlite:///{store}")
+    assert store.read_bytes() == before
+    tracking.create_sqlite_store("http://127.0.0.1:1")  # not a file: nothing to make

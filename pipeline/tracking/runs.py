@@ -61,6 +61,30 @@ TRAINING_STAGES = ("pretrain", "finetune", "sweep", "multitask", "distill")
 logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
 
 
+def create_sqlite_store(uri: str) -> None:
+    """Makes a new SQLite store aside and moves it into place. MLflow creates one by running its
+    schema migrations in the file itself: killed half-way (found by the fault suite), it left a
+    store that no later run could open ("table _alembic_tmp_tags already exists")."""
+    if not uri.startswith("sqlite:///"):
+        return
+    final = Path(uri[len("sqlite:///"):])
+    if final.exists():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stray in final.parent.glob(f".{final.name}.tmp-*"):  # a killed creation's, if old
+        if time.time() - stray.stat().st_mtime > 3600:
+            stray.unlink(missing_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{int(time.time() * 1e6)}")
+    try:
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+        try:
+            os.link(tmp, final)  # not over a store another process made meanwhile
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _experiment_id(name: str, uri: str) -> str:
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(name)
@@ -90,6 +114,7 @@ def git_commit() -> str:
 def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str = ""):
     """The parent run of one invocation; stage runs started inside it are nested."""
     uri = tracking_uri(config)
+    create_sqlite_store(uri)
     mlflow.set_tracking_uri(uri)
     experiment_id = _experiment_id(config.tracking.experiment, uri)
     tags = {
