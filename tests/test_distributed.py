@@ -157,7 +157,7 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(runs):
     # Only the chief writes checkpoints and exports.
     chief_paths = artifacts.Artifacts(runs["root"] / "worker0")
     worker_paths = artifacts.Artifacts(runs["root"] / "worker1")
-    assert sorted(p.name for p in chief_paths.checkpoint_dir.glob("ckpt-*")) == [
+    assert sorted(p.name for p in chief_paths.checkpoint_dir.glob("ckpt-*.weights.h5")) == [
         "ckpt-00000003.weights.h5", "ckpt-00000006.weights.h5"]
     assert chief_paths.model_keras.exists() and chief_paths.saved_model.exists()
     assert not worker_paths.pretrain_dir.exists()

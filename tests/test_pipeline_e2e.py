@@ -39,8 +39,9 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
                  paths.pretrain_eval, paths.pretrain_config):
         assert path.exists(), path
     assert len(paths.shards("train")) == 2 and len(paths.shards("eval")) == 1
-    assert sorted(p.name for p in paths.checkpoint_dir.glob("ckpt-*")) == [
-        "ckpt-00000003.weights.h5", "ckpt-00000006.weights.h5"]
+    assert sorted(p.name for p in paths.checkpoint_dir.glob("ckpt-*")) == [  # + random state
+        "ckpt-00000003.seeds.json", "ckpt-00000003.weights.h5", "ckpt-00000006.seeds.json",
+        "ckpt-00000006.weights.h5"]
     first_eval = json.loads(paths.pretrain_eval.read_text())
     assert first_eval["step"] == 6
     assert 0.0 <= first_eval["eval_mlm_accuracy"] <= 1.0
@@ -90,7 +91,7 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
     assert "kept aside" in out and "resuming" not in out
     aside = list(paths.pretrain_dir.glob("checkpoints.aside-*"))
     assert len(aside) == 1 and sorted(
-        p.name for p in (aside[0] / "checkpoints").glob("ckpt-*")) == [
+        p.name for p in (aside[0] / "checkpoints").glob("ckpt-*.weights.h5")) == [
         "ckpt-00000003.weights.h5", "ckpt-00000006.weights.h5"]
     assert json.loads(paths.pretrain_eval.read_text())["step"] == 9
     _, runs = runs_of(tmp_path)

@@ -144,7 +144,7 @@ def test_two_phases_train_in_turn_each_its_own_run(tmp_path, monkeypatch):
     assert run_cli(config, lines) == cli.EXIT_OK
 
     paths = artifacts.Artifacts(config.run_dir)
-    names = lambda folder: sorted(p.name for p in folder.glob("ckpt-*"))  # noqa: E731
+    names = lambda folder: sorted(p.name for p in folder.glob("ckpt-*.weights.h5"))  # noqa: E731
     assert names(paths.phase_checkpoint_dir(1)) == ["ckpt-00000002.weights.h5",
                                                     "ckpt-00000004.weights.h5"]
     assert names(paths.phase_checkpoint_dir(2)) == ["ckpt-00000001.weights.h5",
