@@ -192,7 +192,7 @@ def test_training_outlives_the_tracking_server(tmp_path, corpus_dir):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": server.url,
            "PYTHONUNBUFFERED": "1"}
     args = [f"run_dir={run_dir}", f"corpus.path={corpus_dir}/*.txt", "tracking.experiment=outage",
-            "tracking.retry_seconds=2", "train.steps=100000", "train.max_seconds=45",
+            "tracking.retry_seconds=2", "train.steps=100000", "train.max_seconds=30",
             "train.log_every=10", "train.heldout_every=200", "train.checkpoint_every=400"]
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "all", "--config",
                              "configs/test_tiny.yaml", *args],
