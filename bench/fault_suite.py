@@ -430,6 +430,9 @@ class Suite:
             self.restore(f"before-{COMMAND.get(stage, stage)}")
             before = set(self.store.runs())
             moment = draw_moment(kind, stage, self.reference[stage], rng)
+            if attempt:  # missed: an earlier appearance (the first, at the last try)
+                moment = dataclasses.replace(
+                    moment, occurrence=max(1, moment.occurrence // (2 * attempt)))
             killed = watch(self.top, stage, self.top / "killed.log", moment)
             result = Result(stage, kind, killed.killed_at, killed.inside)
             if result.injected:
