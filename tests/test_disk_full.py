@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_corpus
-from tests.test_tracking_outage import Server
+from tests.test_tracking import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_NO_SPACE = 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,34 +26,51 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """`mlflow server` on 127.0.0.1 over a SQLite store, as `make ui` runs it."""
-    port = free_port()
-    store = f"sqlite:///{tmp_path / 'server.db'}"
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--backend-store-uri", store, "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1",
-         "--artifacts-destination", str(tmp_path / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
+class Server:
+    """`mlflow server` on 127.0.0.1:port over one SQLite store; stop() kills it by its pid
+    (its process group: the server's workers too), start() brings it back on the same port."""
+
+    def __init__(self, tmp_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store = f"sqlite:///{tmp_path / 'server.db'}"
+        self.artifacts = tmp_path / "server-artifacts"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+             self.store, "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--artifacts-destination", str(self.artifacts)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 90
         while True:
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return
             except OSError:
                 pass
-            if time.time() > deadline or proc.poll() is not None:
+            if time.time() > deadline or self.proc.poll() is not None:
                 raise RuntimeError("mlflow server did not start")
-            time.sleep(0.5)
-        yield url
+            time.sleep(0.3)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """`mlflow server` on 127.0.0.1 over a SQLite store, as `make ui` runs it."""
+    server = Server(tmp_path)
+    server.start()
+    try:
+        yield server.url
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def rest(server: str, path: str, body=None) -> dict:

@@ -12,19 +12,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
 import pytest
 
 from pipeline.tracking import outbox
-from tests.test_tracking import free_port, rest
+from tests.test_tracking import Server, free_port, rest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,42 +119,6 @@ def test_a_store_down_at_the_start_is_a_one_line_error(tmp_path, monkeypatch, co
 # ---------------------------------------------------------------------------
 # A real server, killed mid-training.
 # ---------------------------------------------------------------------------
-class Server:
-    """`mlflow server` on 127.0.0.1:port over one SQLite store; stop() kills it by its pid
-    (its process group: the server's workers too), start() brings it back on the same port."""
-
-    def __init__(self, tmp_path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.store = f"sqlite:///{tmp_path / 'server.db'}"
-        self.artifacts = tmp_path / "server-artifacts"
-        self.proc = None
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-             self.store, "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--artifacts-destination", str(self.artifacts)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.time() > deadline or self.proc.poll() is not None:
-                raise RuntimeError("mlflow server did not start")
-            time.sleep(0.3)
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-
 class Lines:
     """The lines a subprocess prints, collected by a thread; wait_for blocks until one matches."""
 
