@@ -570,7 +570,12 @@ class Suite:
         problems = []
         if parent["status"] != "FINISHED":
             problems.append(f"re-run's parent run is {parent['status']}")
-        if runs.get(run_id, {}).get("status") != "FINISHED":
+        stage_run = runs.get(run_id, {})
+        # Killed after the stage wrote its checksums and marker but before its run ended: the
+        # outputs are complete and reused; the run that made them says KILLED (interrupted).
+        reused_killed = (how == "reused" and stage_run.get("status") == "KILLED"
+                         and "pipeline.interrupted" in stage_run.get("tags", {}))
+        if stage_run.get("status") != "FINISHED" and not reused_killed:
             problems.append(f"re-run's {name} run is {runs.get(run_id, {}).get('status')}")
         if name == "pretrain" and "resuming from ckpt-" in rerun.output:
             killed_stage = [k for k, r in runs_killed.items()

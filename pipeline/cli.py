@@ -191,11 +191,13 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                     fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
                     if chief:
                         outbox.set_tags(lineage.tags(stage, fp))
+                        # Checksums and marker before the run ends: a kill between the two
+                        # would leave a FINISHED run whose outputs the next invocation redoes.
+                        if SPECS[stage].checksums:
+                            artifacts.write_checksums(paths.output_dir(stage),
+                                                      SPECS[stage].checksums_skip)
+                        lineage.write_marker(stage, paths, fp, run.info.run_id)
                 if chief:
-                    if SPECS[stage].checksums:
-                        artifacts.write_checksums(paths.output_dir(stage),
-                                                  SPECS[stage].checksums_skip)
-                    lineage.write_marker(stage, paths, fp, run.info.run_id)
                     outbox.set_tags({f"stage.{stage}": "ran",
                                      f"stage.{stage}.run_id": run.info.run_id})
                 ran.append(stage)

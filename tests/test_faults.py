@@ -19,7 +19,7 @@ from bench import fault_suite
 def test_kill_each_fast_stage_once_and_rerun(tmp_path):
     suite = fault_suite.Suite(tmp_path, log=lambda line: None)
     suite.build_reference(["corpus", "vocab", "data"])
-    for stage, kind in (("corpus", "file"), ("vocab", "mlflow"), ("data", "random")):
+    for stage, kind in (("corpus", "random"), ("vocab", "mlflow"), ("data", "file")):
         result = suite.kill_once(stage, kind, random.Random(f"test-{stage}"))
         assert result.injected, f"{stage}: the stage ended before the {kind} moment"
         assert result.survived, f"{stage} ({kind} at {result.killed_at:.1f} s): {result.problems}"
