@@ -90,8 +90,9 @@ STEPS, CHECKPOINT_EVERY = 24, 4
 LOSS_TOLERANCE = 0.05
 POLL = 0.002  # seconds between looks at the temporary files and the journal
 # Runs drawn for one kill before it counts as missed: a stage may end before the drawn moment
-# (the corpus stage's temporary folder lives a few milliseconds on the tiny corpus).
-ATTEMPTS = 3
+# (the corpus stage's temporary folder lives a few milliseconds on the tiny corpus, the
+# export's files a few tens).
+ATTEMPTS = 5
 SKIP = {".stage.json", ".pipeline.lock"}
 
 
@@ -430,9 +431,9 @@ class Suite:
             self.restore(f"before-{COMMAND.get(stage, stage)}")
             before = set(self.store.runs())
             moment = draw_moment(kind, stage, self.reference[stage], rng)
-            if attempt:  # missed: an earlier appearance (the first, at the last try)
-                moment = dataclasses.replace(
-                    moment, occurrence=max(1, moment.occurrence // (2 * attempt)))
+            if attempt:  # missed: an earlier appearance (halved each try; the first, at the last)
+                occurrence = 1 if attempt == ATTEMPTS - 1 else moment.occurrence >> attempt
+                moment = dataclasses.replace(moment, occurrence=max(1, occurrence))
             killed = watch(self.top, stage, self.top / "killed.log", moment)
             result = Result(stage, kind, killed.killed_at, killed.inside)
             if result.injected:
