@@ -93,9 +93,9 @@ def fit_blocks(config, vocabulary_size, batches, updates):
     keras.utils.set_random_seed(7)
     model = pretrainer.build_model(config, vocabulary_size)
     optimizer = pretrainer.build_optimizer(tc)
-    pretrainer.compile_model(model, optimizer, tc.jit_compile)
+    pretrainer.compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution)
     optimizer.build(model.trainable_variables)
-    logger = callbacks.StepLogger(1, updates, tc.batch_size, SEQ, log=lambda line: None,
+    logger = callbacks.StepLogger(tc.log_every, updates, tc.batch_size, SEQ, log=lambda line: None,
                                   to_mlflow=False,
                                   examples_per_update=tc.batch_size * tc.grad_accum_steps)
     model.fit(batches.repeat(), steps_per_epoch=updates * tc.grad_accum_steps, epochs=1,
@@ -133,6 +133,31 @@ def test_grad_accumulation_matches_the_large_batch(tmp_path, optimizer="adamw"):
     assert [round(m["learning_rate"] / 1e-3, 6) for _, m in history_a] == [1.0, 0.5, 0.0]
     for a, b in zip(model_a.get_weights(), model_b.get_weights()):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6)
+
+
+def test_steps_per_execution_trains_the_same_updates(tmp_path):
+    """train.steps_per_execution = 3 (3 micro-batches per compiled call, here with 2 of them
+    accumulated per update): the same 6 updates and weights as one batch per call; the
+    callbacks see every third batch."""
+    vocabulary_size = write_pretraining_data(tmp_path / "run", full_weights=True)
+    args = ["train.steps=6", "train.warmup_steps=1", "train.batch_size=4",
+            "train.grad_accum_steps=2", "train.checkpoint_every=3", "train.log_every=3",
+            "train.heldout_every=3"]
+    one = tiny_config(tmp_path / "run", *args)
+    three = tiny_config(tmp_path / "run", *args, "train.steps_per_execution=3")
+    model_a, history_a = fit_blocks(one, vocabulary_size, ordered_batches(tmp_path / "run", 4), 6)
+    model_b, history_b = fit_blocks(three, vocabulary_size, ordered_batches(tmp_path / "run", 4),
+                                    6)
+    assert checkpoints.global_step(model_a) == checkpoints.global_step(model_b) == 6
+    assert [s for s, _ in history_a] == [s for s, _ in history_b] == [3, 6]  # log_every 3
+    for (_, a), (_, b) in zip(history_a, history_b):
+        np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4)
+        np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
+    for a, b in zip(model_a.get_weights(), model_b.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6)
+    with pytest.raises(config_lib.ConfigError, match=r"train.steps_per_execution = 4: "
+                       r"train.checkpoint_every × train.grad_accum_steps = 3 × 2"):
+        tiny_config(tmp_path / "run", *args, "train.steps_per_execution=4")
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])

@@ -78,7 +78,8 @@ def validate(config: Config, source: str = "<config>") -> None:
             f"{source}: key data.max_predictions_per_seq = {config.data.max_predictions_per_seq} "
             f"must be below data.max_seq_length - 3 = {config.data.max_seq_length - 3}")
     _validate_phases(config, source)
-    train_phases(config, source)
+    for phase in train_phases(config, source):
+        _validate_steps_per_execution(phase, source)
     if config.train.decay_over == "max_seconds" and not config.train.max_seconds:
         raise ConfigError(f"{source}: key train.decay_over = max_seconds needs a budget: set "
                           f"train.max_seconds (now 0) or use train.decay_over = steps")
@@ -96,6 +97,20 @@ def validate(config: Config, source: str = "<config>") -> None:
                               f"it must be a .keras file (python -m models.convert import-hf / "
                               f"import-google), a Hugging Face BERT directory (config.json) or a "
                               f"Google BERT directory (bert_config.json)")
+
+
+def _validate_steps_per_execution(tc: TrainConfig, source: str) -> None:
+    """Callbacks see every train.steps_per_execution-th batch only (micro-batches, under
+    gradient accumulation): the updates they act on must fall on those batches."""
+    n, accum = tc.steps_per_execution, tc.grad_accum_steps
+    for key in ("checkpoint_every", "log_every", "heldout_every"):
+        value = getattr(tc, key)
+        if (value * accum) % n:
+            shown = (f"train.{key} × train.grad_accum_steps = {value} × {accum}" if accum > 1
+                     else f"train.{key} = {value}")
+            raise ConfigError(f"{source}: key train.steps_per_execution = {n}: {shown} is not a "
+                              f"multiple of it; make it one (or set train.steps_per_execution "
+                              f"to a divisor, e.g. 1)")
 
 
 def data_phases(config: Config) -> list[tuple[int, int]]:

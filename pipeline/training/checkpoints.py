@@ -112,6 +112,7 @@ def start_from_previous_phase(model, previous, log=print, prefix: str = "pretrai
 SHAPING_SECTIONS = ("corpus", "vocab", "data", "model", "train")
 NOT_SHAPING = frozenset({
     "data.beam_args", "train.strategy", "train.allow_cpu", "train.tpu", "train.jit_compile",
+    "train.steps_per_execution",
     "train.checkpoint_every", "train.keep_checkpoints", "train.log_every", "train.eval_batches",
     "train.heldout_every", "train.heldout_batches", "train.peak_flops_seconds",
     "train.data_sharding", "train.resume_data", "train.max_seconds",

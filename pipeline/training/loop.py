@@ -69,7 +69,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     with strategy.scope():
         model = build_model(config, vocabulary_size)
         optimizer = build_optimizer(tc)
-        compile_model(model, optimizer, tc.jit_compile)
+        compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution)
         optimizer.build(model.trainable_variables)
         PretrainingStep.prebuild(model, train_data.element_spec)
         if found:

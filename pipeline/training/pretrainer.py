@@ -114,7 +114,7 @@ def resolve_jit_compile(setting: str, strategy) -> bool | str:
     return "auto"
 
 
-def compile_model(model, optimizer, jit_compile: str = "auto"):
+def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_execution: int = 1):
     """MLM + NSP losses, weighted accuracies, our train step (`PretrainingStep`).
 
     The MLM loss is the weighted mean over the real predictions of the whole global batch,
@@ -128,7 +128,8 @@ def compile_model(model, optimizer, jit_compile: str = "auto"):
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
     model.compile(optimizer=optimizer, loss=losses,
                   weighted_metrics=models.pretraining.pretraining_metrics(),
-                  jit_compile=resolve_jit_compile(jit_compile, tf.distribute.get_strategy()))
+                  jit_compile=resolve_jit_compile(jit_compile, tf.distribute.get_strategy()),
+                  steps_per_execution=steps_per_execution)
     PretrainingStep.install(model)
 
 
