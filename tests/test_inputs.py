@@ -150,3 +150,46 @@ def test_masking_from_vocab(tmp_path):
     (tmp_path / "bad.txt").write_text("[PAD]\na\n")
     with pytest.raises(ValueError, match="no \\[CLS\\], \\[SEP\\], \\[MASK\\]"):
         inputs.DynamicMasking.from_vocab(str(tmp_path / "bad.txt"))
+
+
+def test_training_masking_rate_leaves_the_heldout_masks(tmp_path):
+    """train.masked_lm_prob / max_predictions_per_seq mask the training batches at their own
+    rate and count; the held-out batches keep data.masked_lm_prob and the records' count."""
+    from pipeline import artifacts
+    from pipeline import config as config_lib
+    from pipeline.training import records
+
+    run = tmp_path / "run"
+    paths = artifacts.Artifacts(run)
+    paths.vocab_file.parent.mkdir(parents=True)
+    paths.vocab_file.write_text("\n".join(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)])
+        + "\n")
+    keys = [f"run_dir={run}", "data.masking=dynamic", "data.max_seq_length=48",
+            "data.max_predictions_per_seq=8"]
+    config = config_lib.load("configs/test_tiny.yaml", keys + [
+        "train.masked_lm_prob=0.4", "train.max_predictions_per_seq=24"])
+    train = records.masking_args(config, paths, training=True)["masking"]
+    heldout = records.masking_args(config, paths)["masking"]
+    assert (train.masked_lm_prob, train.max_predictions_per_seq) == (0.4, 24)
+    assert (heldout.masked_lm_prob, heldout.max_predictions_per_seq) == (0.15, 0)
+
+    path = tmp_path / "unmasked.tfrecord"
+    write_records(path, 256, seed=3)
+    for masks, rate, slots in ((train, 0.4, 24), (heldout, 0.15, PRED)):
+        counted = 0
+        for original, masked, positions, labels, weights, real in rows(
+                batches(path, 4, training=False, masking=masks)):
+            assert len(positions) == slots
+            expected = min(slots, max(1, round(int(real.sum()) * rate)))
+            assert int(weights.sum()) == expected
+            counted += 1
+        assert counted == 256
+
+    with pytest.raises(config_lib.ConfigError, match=r"train.masked_lm_prob = 0.3 applies to "
+                       r"masks drawn in training only, and data.masking is 'static'"):
+        config_lib.load("configs/test_tiny.yaml", [f"run_dir={run}", "data.masking=static",
+                                                   "train.masked_lm_prob=0.3"])
+    with pytest.raises(config_lib.ConfigError, match=r"train.max_predictions_per_seq = 46 must "
+                       r"be below data.max_seq_length - 3 = 45"):
+        config_lib.load("configs/test_tiny.yaml", keys + ["train.max_predictions_per_seq=46"])

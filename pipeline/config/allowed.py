@@ -65,6 +65,8 @@ RANGES = [
     ("train.batch_size", 1, None, True),
     ("train.grad_accum_steps", 1, 1024, True),
     ("train.steps_per_execution", 1, 1000, True),
+    ("train.masked_lm_prob", 0.0, 1.0, True),
+    ("train.max_predictions_per_seq", 0, None, True),
     ("train.steps", 1, None, True),
     ("train.decay_power", 0.0, None, False),
     ("train.peak_flops_seconds", 0.0, 60.0, True),

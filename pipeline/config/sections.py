@@ -189,6 +189,12 @@ class TrainConfig:
     # (BERT-tiny: ~5% more tokens/s at 10). checkpoint_every × grad_accum_steps, log_every and
     # heldout_every must be multiples of it; train.max_seconds is checked every N updates.
     steps_per_execution: int = 1
+    # Masks drawn in training only (data.masking: dynamic): the share of pieces masked and the
+    # most masked per sequence in the training batches; 0 = data.masked_lm_prob /
+    # data.max_predictions_per_seq. The held-out masks keep the data keys, so held-out figures
+    # compare across training masking rates (Wettig et al. 2023 train small BERTs at 0.2-0.4).
+    masked_lm_prob: float = 0.0
+    max_predictions_per_seq: int = 0
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 20

@@ -78,6 +78,7 @@ def validate(config: Config, source: str = "<config>") -> None:
             f"{source}: key data.max_predictions_per_seq = {config.data.max_predictions_per_seq} "
             f"must be below data.max_seq_length - 3 = {config.data.max_seq_length - 3}")
     _validate_phases(config, source)
+    _validate_training_masks(config, source)
     for phase in train_phases(config, source):
         _validate_steps_per_execution(phase, source)
     if config.train.decay_over == "max_seconds" and not config.train.max_seconds:
@@ -97,6 +98,22 @@ def validate(config: Config, source: str = "<config>") -> None:
                               f"it must be a .keras file (python -m models.convert import-hf / "
                               f"import-google), a Hugging Face BERT directory (config.json) or a "
                               f"Google BERT directory (bert_config.json)")
+
+
+def _validate_training_masks(config: Config, source: str) -> None:
+    """train.masked_lm_prob / max_predictions_per_seq change masks drawn in training."""
+    tc, dc = config.train, config.data
+    for key in ("masked_lm_prob", "max_predictions_per_seq"):
+        value = getattr(tc, key)
+        if value and dc.masking != "dynamic":
+            raise ConfigError(f"{source}: key train.{key} = {value} applies to masks drawn in "
+                              f"training only, and data.masking is {dc.masking!r}; set "
+                              f"data.masking=dynamic (then make data) or remove train.{key}")
+    lengths = [seq for seq, _ in data_phases(config)]
+    if tc.max_predictions_per_seq > min(lengths) - 3:
+        raise ConfigError(f"{source}: key train.max_predictions_per_seq = "
+                          f"{tc.max_predictions_per_seq} must be below data.max_seq_length - 3 "
+                          f"= {min(lengths) - 3}")
 
 
 def _validate_steps_per_execution(tc: TrainConfig, source: str) -> None:

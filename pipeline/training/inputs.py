@@ -49,10 +49,11 @@ class DynamicMasking:
     whole_word: bool = False
     continuation_ids: tuple = ()  # ids of "##" pieces (whole-word masking)
     seed: int = 0
+    max_predictions_per_seq: int = 0  # 0: the records' max_predictions_per_seq
 
     @classmethod
     def from_vocab(cls, vocab_file: str, masked_lm_prob: float = 0.15, whole_word: bool = False,
-                   seed: int = 0) -> "DynamicMasking":
+                   seed: int = 0, max_predictions_per_seq: int = 0) -> "DynamicMasking":
         """The special ids looked up by token string in a vocab.txt (any tf.io.gfile path)."""
         from models.tokenizer import vocab_tokens
 
@@ -66,7 +67,7 @@ class DynamicMasking:
                    special_ids=(ids["[CLS]"], ids["[SEP]"], ids["[PAD]"]),
                    masked_lm_prob=masked_lm_prob, whole_word=whole_word,
                    continuation_ids=tuple(i for i, t in enumerate(vocab) if t.startswith("##")),
-                   seed=seed)
+                   seed=seed, max_predictions_per_seq=max_predictions_per_seq)
 
 
 def mask_features(features: dict, masking: DynamicMasking, max_predictions_per_seq: int,
@@ -192,9 +193,10 @@ def pretraining_dataset(pattern: str, batch_size: int, max_seq_length: int,
         dataset = dataset.map(lambda records: to_model_inputs(tf.io.parse_example(records, spec)),
                               num_parallel_calls=tf.data.AUTOTUNE)
     else:
+        predictions = masking.max_predictions_per_seq or max_predictions_per_seq
         dataset = dataset.enumerate().map(
             lambda index, records: to_model_inputs(mask_features(
-                tf.io.parse_example(records, spec), masking, max_predictions_per_seq, index)),
+                tf.io.parse_example(records, spec), masking, predictions, index)),
             num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
 

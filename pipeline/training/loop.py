@@ -16,7 +16,6 @@ from pipeline import artifacts
 from pipeline.artifacts import Artifacts
 from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
-from pipeline.training import inputs
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.callbacks import (
     Checkpointer,
@@ -48,7 +47,7 @@ from pipeline.training.pretrainer import (
     normalize_mlm_weights,
     oom_message,
 )
-from pipeline.training.records import masking_args, training_data
+from pipeline.training.records import heldout_data, training_data
 
 
 def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, peak: float,
@@ -60,11 +59,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     tc, dc = config.train, config.data
     train_data = training_data(config, paths, found[0] if found else 0, log=log,
                                data_dir=phase.data_dir, prefix=prefix)
-    eval_data = inputs.pretraining_dataset(
-        paths.shard_pattern("eval", phase.data_dir), tc.batch_size, dc.max_seq_length,
-        dc.max_predictions_per_seq, training=False,
-        **masking_args(config, paths)).map(normalize_mlm_weights).with_options(
-            strategy_lib.shard_options("data"))
+    eval_data = heldout_data(config, paths, phase.data_dir).map(
+        normalize_mlm_weights).with_options(strategy_lib.shard_options("data"))
 
     with strategy.scope():
         model = build_model(config, vocabulary_size)

@@ -259,7 +259,9 @@ def flops_per_token(config: Config, vocabulary_size: int) -> float:
     return training_flops_per_token(
         num_layers=arch["num_layers"], hidden_dim=arch["hidden_dim"],
         intermediate_dim=arch["intermediate_dim"], vocabulary_size=vocabulary_size,
-        seq_length=config.data.max_seq_length, num_predictions=config.data.max_predictions_per_seq,
+        seq_length=config.data.max_seq_length,
+        num_predictions=(config.train.max_predictions_per_seq
+                         or config.data.max_predictions_per_seq),
         embedding_dim=config.model.embedding_size)
 
 

@@ -68,16 +68,23 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
     return vocabulary_size, stats
 
 
-def masking_args(config: Config, paths: Artifacts) -> dict:
+def masking_args(config: Config, paths: Artifacts, training: bool = False) -> dict:
     """`masking=` for inputs.pretraining_dataset when the records are unmasked
     (data.masking = dynamic): tf.data masks each batch, seeded by the batch's index, so
-    skipping consumed batches on resume also reproduces their masks."""
-    dc = config.data
+    skipping consumed batches on resume also reproduces their masks. `training`: the
+    training batches' rate and count (train.masked_lm_prob / max_predictions_per_seq when
+    set); the held-out batches always use the data keys."""
+    dc, tc = config.data, config.train
     if getattr(dc, "masking", "static") != "dynamic":
         return {}
+    prob, predictions = dc.masked_lm_prob, 0
+    if training:
+        prob = tc.masked_lm_prob or prob
+        predictions = tc.max_predictions_per_seq
     return {"masking": inputs.DynamicMasking.from_vocab(
-        str(paths.vocab_file), masked_lm_prob=dc.masked_lm_prob,
-        whole_word=getattr(dc, "whole_word_masking", False), seed=config.train.seed)}
+        str(paths.vocab_file), masked_lm_prob=prob,
+        whole_word=getattr(dc, "whole_word_masking", False), seed=tc.seed,
+        max_predictions_per_seq=predictions)}
 
 
 def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
@@ -96,7 +103,7 @@ def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
     data = inputs.pretraining_dataset(
         pattern, tc.batch_size, dc.max_seq_length, dc.max_predictions_per_seq,
         training=True, seed=tc.seed + (start_step if reseed else 0),
-        shuffle_buffer=tc.shuffle_buffer, **masking_args(config, paths))
+        shuffle_buffer=tc.shuffle_buffer, **masking_args(config, paths, training=True))
     consumed = start_step * tc.grad_accum_steps
     if consumed and not reseed and start_step < tc.steps:
         log(f"{prefix}: skipping the {consumed:,} batches consumed before step {start_step}")
@@ -104,3 +111,14 @@ def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
     data = data.map(normalize_mlm_weights, num_parallel_calls=tf.data.AUTOTUNE)
     files = len(tf.io.gfile.glob(pattern))
     return data.with_options(strategy_lib.shard_options(tc.data_sharding, files))
+
+
+def heldout_data(config: Config, paths: Artifacts, data_dir: Path | None = None):
+    """The held-out batches every probe and evaluation scores, in one ordered pass: the
+    records' masks, or (dynamic) masks drawn with the data keys, seeded by train.seed and the
+    batch index at train.batch_size, so every reader of this function scores the same
+    instances (make bench-quality evaluates its peer on them too)."""
+    tc, dc = config.train, config.data
+    return inputs.pretraining_dataset(
+        paths.shard_pattern("eval", data_dir), tc.batch_size, dc.max_seq_length,
+        dc.max_predictions_per_seq, training=False, **masking_args(config, paths))
