@@ -2,6 +2,7 @@
 data stage vs google-research/bert's create_pretraining_data.py.
 
     python bench/bench_data.py [--ref DIR] [--repeat N] [--sizes 1,4,8] [--beam-args JSON]
+                               [--stages corpus,vocab,data]
     REF=/path/to/bert python bench/bench_data.py        (the same as --ref)
 
 Corpora (bench/corpora.py): 1x = the Brown demo corpus (500 documents); 4x and 8x = Brown plus
@@ -223,6 +224,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ref-sizes", default="1,4", help="sizes the reference runs at")
     parser.add_argument("--beam-args", default=None,
                         help="JSON list for data.beam_args (default: the config's)")
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help="the stages to run (one whose upstream is left out reuses its "
+                             "outputs from an earlier run in --work); the reference needs data")
     parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_data"),
                         help="folder for the corpora, run directories and logs")
@@ -233,6 +237,11 @@ def main(argv=None) -> int:
         parser.error(f"--ref {ref}: no create_pretraining_data.py there (a checkout of "
                      f"https://github.com/google-research/bert, or pip install bert-tensorflow)")
     sizes = sorted(int(x) for x in args.sizes.split(","))
+    stages = [s for s in STAGES if s in args.stages.split(",")]
+    if not stages or len(stages) != len(args.stages.split(",")):
+        parser.error(f"--stages: a comma-separated list of {', '.join(STAGES)}")
+    if "data" not in stages:
+        ref = None
     ref_sizes = [int(x) for x in args.ref_sizes.split(",") if int(x) in sizes] if ref else []
     if sizes[0] != 1:
         parser.error("--sizes must include 1 (memory growth is against 1x)")
@@ -258,7 +267,7 @@ def main(argv=None) -> int:
     for repeat in range(args.repeat):
         for size in sizes:
             corpus = built[size]["path"]
-            for stage in STAGES:
+            for stage in stages:
                 result = run_stage(stage, work, size, corpus, beam_args, args.config)
                 results[stage, size].append(result)
                 extra = (f", {result['instances']:,} instances" if "instances" in result else "")
@@ -277,7 +286,7 @@ def main(argv=None) -> int:
 
     print()
     print(f"{'':10s} {'size':4s} {'wall s':>8s} {'CPU s':>8s} {'peak MB':>8s} {'instances':>10s}")
-    for name in (*STAGES, "reference"):
+    for name in (*stages, "reference"):
         for size in sizes:
             if (name, size) not in results:
                 continue
@@ -286,7 +295,7 @@ def main(argv=None) -> int:
                   f"{best(name, size, 'cpu_s'):8.1f} {best(name, size, 'peak_mb'):8.0f} "
                   f"{f'{instances:,}' if instances else '':>10s}")
     top = sizes[-1]
-    growth = {stage: best(stage, top, "peak_mb") / best(stage, 1, "peak_mb") for stage in STAGES}
+    growth = {stage: best(stage, top, "peak_mb") / best(stage, 1, "peak_mb") for stage in stages}
     print(f"memory growth {top}x/1x by stage: "
           + ", ".join(f"{stage} {g:.2f}" for stage, g in growth.items()))
     worst = max(growth.values())

@@ -141,6 +141,30 @@ def test_vocab_and_data_on_dask_are_byte_identical_to_fnapi(tmp_path, corpus_dir
     assert not [p for p in (tmp_path / "dask").rglob("*tmp*")]
 
 
+@pytest.mark.slow
+def test_vocab_job_spilling_and_merging_on_dask_is_byte_identical(tmp_path, corpus_dir,
+                                                                  dask_cluster):
+    """The count on disk at its smallest (a spill every 3 distinct words, ~1 KB ranges, runs
+    merged 2 at a time over several levels), on two Dask workers: the vocab and vocab.json of
+    the FnApiRunner with the default settings, and no run file left."""
+
+    def job(name, *flags):
+        out = tmp_path / name / "vocab.txt"
+        result = subprocess.run(
+            [sys.executable, "-m", "beam_jobs.vocab", "--input", f"{corpus_dir}/*.txt",
+             "--output", str(out), "--vocab_size", "150", "--min_word_count", "1", *flags],
+            cwd=PROJECT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert sorted(p.name for p in out.parent.iterdir()) == ["vocab.json", "vocab.txt"]
+        return out.read_bytes(), (out.parent / "vocab.json").read_bytes()
+
+    expected = job("fnapi", "--runner=FnApiRunner")
+    got = job("dask", "--spill_words", "3", "--merge_fan_in", "2", "--read_chunk_mb", "0.001",
+              "--runner=DaskRunner", f"--dask_client_address={dask_cluster}",
+              "--dask_npartitions=4")
+    assert got == expected
+
+
 def test_unreachable_dask_scheduler_is_exit_2_with_one_line(tmp_path, corpus_dir):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))

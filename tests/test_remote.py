@@ -175,9 +175,14 @@ def test_both_jobs_on_urls_give_the_bytes_of_local_paths(store, tmp_path):
     local_vocab = tmp_path / "local" / "vocab" / "vocab.txt"
     local_meta = vocab_job.run(["--input", str(tmp_path / "local" / "corpus" / "*.txt"),
                                 "--output", str(local_vocab), *vocab_args])
+    # On the URLs, the count's run files too (a spill every 3 words, merges in levels).
     remote_meta = vocab_job.run(["--input", "memfs://bucket/run/corpus/*.txt",
-                                 "--output", "memfs://bucket/run/vocab/vocab.txt", *vocab_args])
+                                 "--output", "memfs://bucket/run/vocab/vocab.txt", *vocab_args,
+                                 "--spill_words", "3", "--merge_fan_in", "2",
+                                 "--read_chunk_mb", "0.001"])
     assert remote_meta == local_meta
+    assert sorted(k for k in store if "/vocab/" in k) == [
+        "memfs://bucket/run/vocab/vocab.json", "memfs://bucket/run/vocab/vocab.txt"]
     assert store["memfs://bucket/run/vocab/vocab.txt"] == local_vocab.read_bytes()
     assert json.loads(store["memfs://bucket/run/vocab/vocab.json"]) == local_meta
     assert vocab_job.check_vocab("memfs://bucket/run/vocab/vocab.txt") == \
