@@ -13,8 +13,9 @@ its held-out MLM accuracy is measured along the way on the same instances:
 
 - data, shared: our corpus → vocab → data stages write <run>/corpus/{train,eval}/*.txt (the
   eval documents are held out), <run>/vocab/vocab.txt and <run>/data/{train,eval}-*.tfrecord.
-  The held-out set of BOTH sides is the masked instances of <run>/data/eval-*.tfrecord, read
-  here; accuracy = correct argmax predictions at the masked positions with weight > 0 / their
+  The held-out set of BOTH sides is the masked instances of <run>/data/eval-*.tfrecord as
+  our probes see them (records.heldout_data: the written masks, or with data.masking:
+  dynamic the masks tf.data draws for the held-out batches, seeded), read here; accuracy = correct argmax predictions at the masked positions with weight > 0 / their
   number. Neither side ever trains on a held-out document: we train on the train records,
   the peer on corpus/train/*.txt only.
 - ours: the pretrain stage as a subprocess, with its held-out probe on (`train.heldout_every`
@@ -30,12 +31,13 @@ its held-out MLM accuracy is measured along the way on the same instances:
   config (layers, hidden, heads, intermediate, max positions, dropout, gelu variant), our
   vocab.txt through `BertTokenizerFast` (same ids), run_mlm-style data (the training
   documents tokenized, concatenated, cut into [CLS] ... [SEP] blocks of max_seq_length),
-  `DataCollatorForLanguageModeling` (dynamic masking at data.masked_lm_prob), `Trainer` on
+  `DataCollatorForLanguageModeling` (dynamic masking at the recipe's rate), `Trainer` on
   the CPU with a callback that stops it at the budget of training seconds and, every
   `--eval-every-seconds` of them, measures the held-out accuracy (time excluded). Two recipes,
   both measured, the headline being the one with the higher final accuracy:
     (a) "same recipe": our learning rate, warmup, decay, batch, AdamW betas/epsilon, weight
-        decay and clipping, dropout from our config;
+        decay and clipping, dropout and training masking rate (train.masked_lm_prob, else
+        data.masked_lm_prob) from our config;
     (b) "documented": BERT's pretraining recipe (see DOCUMENTED_RECIPE), batch 32.
   Both decay linearly to 0 over the steps that fit in the budget: a short untimed run of
   the same Trainer measures the seconds per step first (`--peer-steps N` fixes the number).
@@ -49,7 +51,7 @@ Why the comparison is fair, and where it is not exactly even (and for whom):
   ours at its last probe at or before it (up to --heldout-every steps early); the MLM-only
   peer reads the held-out instances with token type 0 (it never trains type 1; ours and the
   pretraining peer see the records' segment ids); it sees a new masking of its blocks every
-  epoch, we see the dupe_factor static maskings of our records.
+  epoch, as ours does with data.masking: dynamic (static: the dupe_factor written maskings).
 - for us: nothing stretches our schedule to the budget: train.steps decides (the bench prints
   the train.steps that would fill it), while the peer's schedule is sized to the budget.
 - run-to-run: the machine's load moves both; run the contenders on an idle machine, and
@@ -203,19 +205,22 @@ def prepare_data(args, paths, tracking_uri: str) -> float:
     return time.perf_counter() - started
 
 
-def read_heldout(paths, settings: dict) -> dict:
-    """Every held-out record as numpy arrays (the instances both sides are evaluated on)."""
+def read_heldout(config, paths) -> dict:
+    """Every held-out instance as numpy arrays, masked as our probes mask them (the records'
+    masks, or with data.masking: dynamic the masks tf.data draws for the held-out batches:
+    records.heldout_data, the function the probes call): the instances both sides score."""
     import numpy as np
-    import tensorflow as tf
 
-    from pipeline.training import inputs
+    from pipeline.training import records
 
-    spec = inputs.parse_spec(settings["max_seq_length"], settings["max_predictions_per_seq"])
-    files = [str(p) for p in paths.shards("eval")]
-    columns = {name: [] for name in spec}
-    for batch in tf.data.TFRecordDataset(files).batch(1024):
-        for name, value in tf.io.parse_example(batch, spec).items():
-            columns[name].append(value.numpy())
+    names = {"token_ids": "input_ids", "padding_mask": "input_mask",
+             "segment_ids": "segment_ids", "mask_positions": "masked_lm_positions"}
+    columns = {name: [] for name in [*names.values(), "masked_lm_ids", "masked_lm_weights"]}
+    for x, y, weights in records.heldout_data(config, paths):
+        for key, name in names.items():
+            columns[name].append(x[key].numpy())
+        columns["masked_lm_ids"].append(y["mlm"].numpy())
+        columns["masked_lm_weights"].append(weights["mlm"].numpy())
     heldout = {name: np.concatenate(parts) for name, parts in columns.items()}
     labels = heldout["masked_lm_ids"][heldout["masked_lm_weights"] > 0]
     heldout["predictions"] = int(labels.size)
@@ -398,6 +403,7 @@ class PeerRecipe:
     end_learning_rate: float = 0.0
     decay_power: float = 1.0
     initializer_range: float = 0.02  # BertConfig's, the spread of its normal init
+    masked_lm_prob: float = 0.15     # the collator's mlm_probability (training masks)
 
     def warmup(self, steps: int) -> int:
         return round(self.warmup_fraction * steps) if self.warmup_fraction else self.warmup_steps
@@ -410,7 +416,8 @@ def peer_recipes(config, names) -> list[PeerRecipe]:
             "same", "(a) same recipe", tc.learning_rate, tc.warmup_steps, 0.0,
             tc.batch_size * tc.grad_accum_steps, tc.weight_decay, tc.beta_1, tc.beta_2,
             tc.epsilon, tc.clipnorm, config.model.dropout, tc.end_learning_rate,
-            tc.decay_power, config.model.initializer_range),
+            tc.decay_power, config.model.initializer_range,
+            tc.masked_lm_prob or config.data.masked_lm_prob),
         "documented": PeerRecipe(
             "documented", "(b) documented", DOCUMENTED_RECIPE["learning_rate"], 0,
             DOCUMENTED_RECIPE["warmup_fraction"], DOCUMENTED_RECIPE["batch_size"],
@@ -517,7 +524,7 @@ class Peer:
             eval_strategy="no", save_strategy="no", report_to=[], use_cpu=True,
             dataloader_num_workers=0, seed=self.args.seed, disable_tqdm=True)
         collator = transformers.DataCollatorForLanguageModeling(
-            self.tokenizer, mlm_probability=self.config.data.masked_lm_prob)
+            self.tokenizer, mlm_probability=recipe.masked_lm_prob)
         trainer = transformers.Trainer(model=model, args=arguments, train_dataset=self.examples,
                                        data_collator=collator, callbacks=callbacks)
         # Its end-of-training summary counts our evaluations as training time: not printed.
@@ -765,24 +772,15 @@ def main(argv=None) -> dict:
     from pipeline.artifacts import Artifacts
 
     config = config_lib.load(args.config, [*args.overrides, f"run_dir={args.run_dir}"])
-    if config.data.masking == "dynamic" and not any(
-            o.startswith("data.masking=") for o in args.overrides):
-        # Both sides must score the same masked held-out instances, which only records masked
-        # by the data job carry: ours trains on static masks here (the default recipe's
-        # dynamic masks score ~1.4 points more on these instances: README, How good is the model?).
-        args.overrides = ["data.masking=static", *args.overrides]
-        config = config_lib.load(args.config, [*args.overrides, f"run_dir={args.run_dir}"])
-        print("bench-quality: data.masking=static for ours (the default recipe masks "
-              "dynamically; the held-out instances must carry their masks)", flush=True)
     paths = Artifacts(config.run_dir)
     out = Path(args.out)
     out = out if out.is_absolute() else ROOT / out
     args.out = str(out)
     paths.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = f"sqlite:///{paths.root / 'bench.db'}"
-    if config.data.masking != "static" or config.data.phases:
-        raise SystemExit("bench-quality: needs data.masking=static and no data.phases (the "
-                         "held-out instances must carry their masks, in one data folder)")
+    if config.data.phases:
+        raise SystemExit("bench-quality: needs a config without data.phases (the held-out "
+                         "instances of one data folder)")
     recipes = [] if args.skip_peer else peer_recipes(config, args.peer_recipes)
     if recipes and peer_missing():
         raise SystemExit(f"bench-quality: {peer_missing()}")
@@ -798,10 +796,13 @@ def main(argv=None) -> dict:
           f"(~10-30 s each on 2 cores)", flush=True)
 
     timings = {"data": prepare_data(args, paths, tracking_uri)}
-    settings = json.loads(paths.data_stats.read_text())["settings"]
-    heldout = read_heldout(paths, settings)
+    heldout = read_heldout(config, paths)
+    masks = ("their written masks" if config.data.masking == "static" else
+             f"masks drawn as our probes draw them: seed {config.train.seed}, batch "
+             f"{config.train.batch_size}")
     print(f"bench-quality: held-out set: {len(heldout['input_ids']):,} instances, "
-          f"{heldout['predictions']:,} masked positions ({paths.data_dir}/eval-*.tfrecord); "
+          f"{heldout['predictions']:,} masked positions ({paths.data_dir}/eval-*.tfrecord, "
+          f"{masks}); "
           f"always predicting the commonest token scores {heldout['plateau']:.3f}", flush=True)
 
     ours = None
