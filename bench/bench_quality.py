@@ -123,7 +123,7 @@ def parse_args(argv=None):
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--eval-every-seconds", type=float, default=60.0,
                         help="table points and the peer's held-out evaluations")
-    parser.add_argument("--heldout-every", type=int, default=100,
+    parser.add_argument("--heldout-every", type=int, default=250,
                         help=f"our probe: {HELDOUT_EVERY_KEY} (optimizer steps)")
     parser.add_argument("--peer-model", choices=("mlm", "pretraining"), default="mlm",
                         help="BertForMaskedLM (MLM only) or BertForPreTraining (MLM + NSP)")
