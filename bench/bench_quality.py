@@ -16,7 +16,8 @@ its held-out MLM accuracy is measured along the way on the same instances:
   The held-out set of BOTH sides is the masked instances of <run>/data/eval-*.tfrecord as
   our probes see them (records.heldout_data: the written masks, or with data.masking:
   dynamic the masks tf.data draws for the held-out batches, seeded), read here; accuracy =
-  correct argmax predictions at the masked positions with weight > 0 / their number. Neither side ever trains on a held-out document: we train on the train records,
+  correct argmax predictions at the masked positions with weight > 0 / their number.
+  Neither side ever trains on a held-out document: we train on the train records,
   the peer on corpus/train/*.txt only.
 - ours: the pretrain stage as a subprocess, with its held-out probe on (`train.heldout_every`
   optimizer steps, `train.heldout_batches=0` = all held-out records); the stage writes
