@@ -335,6 +335,52 @@ def test_jit_compile_auto_is_xla_for_one_replica_only():
     assert pretrainer.resolve_jit_compile("auto", Replicas(2)) == "auto"  # Keras: off
     assert pretrainer.resolve_jit_compile("true", Replicas(2)) is True
     assert pretrainer.resolve_jit_compile("false", one_device) is False
+    # bfloat16 on a CPU: the step outside XLA (oneDNN's bfloat16 kernels), its update inside.
+    assert not tf.config.list_logical_devices("GPU")
+    assert pretrainer.resolve_jit_compile("auto", one_device, "mixed_bfloat16") is False
+    assert pretrainer.resolve_jit_compile("true", one_device, "mixed_bfloat16") is True
+    assert pretrainer.xla_optimizer("auto", one_device, "mixed_bfloat16") is True
+    assert pretrainer.xla_optimizer("false", one_device, "mixed_bfloat16") is False
+    assert pretrainer.xla_optimizer("auto", one_device, "float32") is False
+    assert pretrainer.xla_optimizer("auto", Replicas(2), "mixed_bfloat16") is False
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, precision):
+    """50 updates of the optimised step (our tied MLM head, in the compute dtype, as a batched
+    matmul; for bfloat16 on a CPU: the step outside XLA and the update inside) against the
+    reference (keras-hub's MaskedLMHead, Keras' plain update, no XLA) from the same weights
+    on the same batches: the same losses and weights within float rounding."""
+    import keras_hub
+
+    vocabulary_size = write_pretraining_data(tmp_path / "run", train_files=1,
+                                             records_per_file=64)
+    config = tiny_config(tmp_path / "run", "train.steps=50", "train.warmup_steps=5",
+                         "train.log_every=1", f"train.precision={precision}",
+                         "train.jit_compile=auto")
+    batches = ordered_batches(tmp_path / "run", 8)
+    optimised, history_o = fit_blocks(config, vocabulary_size, batches, 50)
+    assert getattr(optimised, "_xla_optimizer") is (precision == "mixed_bfloat16")
+    assert optimised.jit_compile is (precision == "float32")
+
+    monkeypatch.setattr(models.pretraining, "TiedMaskedLMHead", keras_hub.layers.MaskedLMHead)
+    reference_config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, jit_compile="false"))
+    reference, history_r = fit_blocks(reference_config, vocabulary_size, batches, 50)
+    assert type(reference.mlm_head) is keras_hub.layers.MaskedLMHead
+    assert not reference.jit_compile and not reference._xla_optimizer
+
+    loss_o = np.array([logs["loss"] for _, logs in history_o])
+    loss_r = np.array([logs["loss"] for _, logs in history_r])
+    assert len(loss_o) == len(loss_r) == 50
+    assert loss_r[-5:].mean() < loss_r[:5].mean() - 0.3  # it learned something
+    # float32: the same math, other kernels (XLA); bfloat16: the vocabulary projection now
+    # rounds to bfloat16 too (the reference multiplied in float32).
+    tolerance = 2e-4 if precision == "float32" else 3e-2
+    np.testing.assert_allclose(loss_o, loss_r, atol=tolerance, rtol=0)
+    for a, b in zip(optimised.trainable_weights, reference.trainable_weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b),
+                                   atol=50 * tolerance, err_msg=a.path)
 
 
 def test_strategy_helpers(monkeypatch):

@@ -92,26 +92,46 @@ def learning_rate_schedule(optimizer) -> WarmupPolynomialDecay | None:
     return schedule if isinstance(schedule, WarmupPolynomialDecay) else None
 
 
-def resolve_jit_compile(setting: str, strategy) -> bool | str:
+def resolve_jit_compile(setting: str, strategy, precision: str = "float32") -> bool | str:
     """`train.jit_compile` for this strategy: "true" / "false" as said; "auto" is XLA on for
-    a single replica (one CPU or one GPU) and Keras' own choice ("auto") otherwise.
+    a single replica (one CPU or one GPU) and Keras' own choice ("auto") otherwise, except
+    for "mixed_bfloat16" on a machine without GPUs, where it is off.
 
     Keras' "auto" turns XLA off on every CPU-only machine and under any tf.distribute
-    strategy, one-device included, but the XLA-compiled BERT step is the faster one on CPU
-    too (BERT-small, seq 128, batch 32 on 2 cores: about 20% more tokens/s,
-    `bench/bench_train.py --jit true` vs `--jit false`) and on one GPU. Several replicas and
-    TPUs keep Keras' choice: TPUs compile anyway, and Keras does not XLA-compile a step that
-    all-reduces across replicas. Also off when op determinism is enabled (not every op
-    has a deterministic XLA kernel; Keras does the same).
+    strategy, one-device included, but the XLA-compiled float32 step is the faster one for
+    the small models of the demo (BERT-tiny, 2 cores: 25.5k vs 18.5k tokens/s) and on one
+    GPU. On a CPU, XLA does not reach the bfloat16 units (AVX512_BF16, AMX): its bfloat16
+    step ran at 0.87x its float32 one on BERT-small, while TensorFlow's own kernels (oneDNN)
+    run it at 1.5x the best float32 step (`make bench-train`), so bfloat16 on a CPU runs
+    without XLA. Several replicas and TPUs keep Keras' choice: TPUs compile anyway, and
+    Keras does not XLA-compile a step that all-reduces across replicas. Also off when op
+    determinism is enabled (not every op has a deterministic XLA kernel; Keras does the same).
     """
     if setting != "auto":
         return {"true": True, "false": False}[str(setting)]
     if tf_config.is_op_determinism_enabled():
         return False
+    if bfloat16_on_cpu(precision):
+        return False
     if strategy.num_replicas_in_sync == 1 and not isinstance(
             strategy, (tf.distribute.TPUStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
         return True
     return "auto"
+
+
+def bfloat16_on_cpu(precision: str) -> bool:
+    return precision == "mixed_bfloat16" and not tf.config.list_logical_devices("GPU")
+
+
+def xla_optimizer(setting: str, strategy, precision: str) -> bool:
+    """Whether the optimizer's update alone is XLA-compiled: where "auto" leaves the step
+    outside XLA for bfloat16 on a CPU (`resolve_jit_compile`), on one replica. The update is a
+    chain of elementwise passes over every weight and its two moments: outside XLA each is its
+    own TensorFlow op (BERT-small: ~0.1 s a step on 2 cores), compiled they fuse (~0.05 s).
+    """
+    return (setting == "auto" and bfloat16_on_cpu(precision)
+            and not tf_config.is_op_determinism_enabled()
+            and strategy.num_replicas_in_sync == 1)
 
 
 def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_execution: int = 1):
@@ -123,14 +143,15 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     replica's slots / their count. (models.pretraining's own MLM loss divides by each
     replica's sum of weights instead, which is the same on one device only.)
     """
+    strategy, precision = tf.distribute.get_strategy(), model.dtype_policy.name
     losses = {models.pretraining.MLM_OUTPUT: keras.losses.SparseCategoricalCrossentropy(
                   from_logits=True, reduction="sum_over_batch_size", name="mlm_loss"),
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
     model.compile(optimizer=optimizer, loss=losses,
                   weighted_metrics=models.pretraining.pretraining_metrics(),
-                  jit_compile=resolve_jit_compile(jit_compile, tf.distribute.get_strategy()),
+                  jit_compile=resolve_jit_compile(jit_compile, strategy, precision),
                   steps_per_execution=steps_per_execution)
-    PretrainingStep.install(model)
+    PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision))
 
 
 def normalize_mlm_weights(x, y, sample_weight):
@@ -159,7 +180,7 @@ class PretrainingStep:
     """
 
     @staticmethod
-    def install(model):
+    def install(model, xla_optimizer: bool = False):
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         if not hasattr(optimizer, "_all_reduce_sum_gradients"):
             raise PretrainError(
@@ -168,6 +189,7 @@ class PretrainingStep:
         # The gradients arrive summed over replicas already (see the class docstring).
         optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
         model.train_step = types.MethodType(PretrainingStep.train_step, model)
+        model._xla_optimizer = xla_optimizer
         model.test_step = types.MethodType(PretrainingStep.test_step, model)
 
     @staticmethod
@@ -207,10 +229,25 @@ class PretrainingStep:
             for i, g in zip(present, reduced):
                 grads[i] = g
         grad_norm = PretrainingStep.update_norm(model.optimizer, grads, variables)
-        model.optimizer.apply(grads, variables)
+        PretrainingStep.apply_function(model, variables)(grads)
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         logs["grad_norm"] = grad_norm
         return PretrainingStep.reducible(model, logs)
+
+    @staticmethod
+    def apply_function(model, variables):
+        """`model.optimizer.apply` on `variables`, XLA-compiled if `install` was told so
+        (`xla_optimizer`: the step itself stays outside XLA)."""
+        optimizer = model.optimizer
+        if not getattr(model, "_xla_optimizer", False):
+            return lambda grads: optimizer.apply(grads, variables)
+        if getattr(model, "_xla_apply", None) is None:
+            # The variables are captured, not passed: tf.function cannot trace Keras variables
+            # as arguments. They are the model's trainable weights, the same list every step.
+            weights = list(variables)
+            model._xla_apply = tf.function(lambda grads: optimizer.apply(grads, weights),
+                                           jit_compile=True, autograph=False)
+        return model._xla_apply
 
     @staticmethod
     def test_step(model, data):
@@ -260,8 +297,7 @@ def flops_per_token(config: Config, vocabulary_size: int) -> float:
         num_layers=arch["num_layers"], hidden_dim=arch["hidden_dim"],
         intermediate_dim=arch["intermediate_dim"], vocabulary_size=vocabulary_size,
         seq_length=config.data.max_seq_length,
-        num_predictions=(config.train.max_predictions_per_seq
-                         or config.data.max_predictions_per_seq),
+        num_predictions=config_lib.training_masks(config)[1],
         embedding_dim=config.model.embedding_size)
 
 
