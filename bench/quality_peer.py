@@ -170,6 +170,8 @@ class PeerRecipe:
 
 
 def peer_recipes(config, names) -> list[PeerRecipe]:
+    from pipeline import config as config_lib
+
     tc = config.train
     recipes = {
         "same": PeerRecipe(
@@ -177,7 +179,7 @@ def peer_recipes(config, names) -> list[PeerRecipe]:
             tc.batch_size * tc.grad_accum_steps, tc.weight_decay, tc.beta_1, tc.beta_2,
             tc.epsilon, tc.clipnorm, config.model.dropout, tc.end_learning_rate,
             tc.decay_power, config.model.initializer_range,
-            tc.masked_lm_prob or config.data.masked_lm_prob),
+            config_lib.training_masks(config)[0]),
         "documented": PeerRecipe(
             "documented", "(b) documented", DOCUMENTED_RECIPE["learning_rate"], 0,
             DOCUMENTED_RECIPE["warmup_fraction"], DOCUMENTED_RECIPE["batch_size"],

@@ -36,6 +36,7 @@ from pipeline.config.sections import (
     model_architecture,
     to_dict,
     to_flat_dict,
+    training_masks,
 )
 from pipeline.config.validation import (
     MultitaskTask,
@@ -51,5 +52,5 @@ __all__ = [
     "ModelConfig", "MultitaskConfig", "MultitaskTask", "TrackingConfig", "TrainConfig",
     "VocabConfig", "_build", "_coerce", "data_phases", "dump_yaml", "finetune_warnings",
     "from_dict", "get", "load", "model_architecture", "multitask_tasks", "to_dict",
-    "to_flat_dict", "train_phases", "validate",
+    "to_flat_dict", "train_phases", "training_masks", "validate",
 ]

@@ -477,6 +477,14 @@ def model_architecture(config: Config) -> dict:
     return arch
 
 
+def training_masks(config: Config) -> tuple[float, int]:
+    """The training batches' masking rate and most masks per sequence: train.masked_lm_prob /
+    train.max_predictions_per_seq where set (dynamic masks), else the data keys."""
+    tc, dc = config.train, config.data
+    return (tc.masked_lm_prob or dc.masked_lm_prob,
+            tc.max_predictions_per_seq or dc.max_predictions_per_seq)
+
+
 def to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
 

@@ -78,9 +78,8 @@ def masking_args(config: Config, paths: Artifacts, training: bool = False) -> di
     if getattr(dc, "masking", "static") != "dynamic":
         return {}
     prob, predictions = dc.masked_lm_prob, 0
-    if training:
-        prob = tc.masked_lm_prob or prob
-        predictions = tc.max_predictions_per_seq
+    if training:  # 0 predictions: as many as the records have slots
+        prob, predictions = config_lib.training_masks(config)[0], tc.max_predictions_per_seq
     return {"masking": inputs.DynamicMasking.from_vocab(
         str(paths.vocab_file), masked_lm_prob=prob,
         whole_word=getattr(dc, "whole_word_masking", False), seed=tc.seed,
