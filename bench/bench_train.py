@@ -346,7 +346,8 @@ def main(argv=None) -> dict:
             bf16 = row["ours_bf16"]["tokens_per_second"]
             print(f"bench-train: {preset} bf16/fp32 "
                   f"{bf16 / row['ours_fp32']['tokens_per_second']:.2f} against our faster "
-                  f"float32 step, {bf16 / row['ours']['tokens_per_second']:.2f} against the default (train.jit_compile={args.jit})", flush=True)
+                  f"float32 step, {bf16 / row['ours']['tokens_per_second']:.2f} against the "
+                  f"default (train.jit_compile={args.jit})", flush=True)
     if not bf16_units and args.bf16:
         print("bench-train: bf16/fp32 n/a: this CPU has no bfloat16 units (no avx512_bf16 or "
               "amx_bf16 flag); bfloat16 is emulated in float32 here", flush=True)

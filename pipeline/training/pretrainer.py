@@ -102,8 +102,8 @@ def resolve_jit_compile(setting: str, strategy, precision: str = "float32") -> b
     the small models of the demo (BERT-tiny, 2 cores: 25.5k vs 18.5k tokens/s) and on one
     GPU. On a CPU, XLA does not reach the bfloat16 units (AVX512_BF16, AMX): its bfloat16
     step ran at 0.87x its float32 one on BERT-small, while TensorFlow's own kernels (oneDNN)
-    run it at 1.69x the faster float32 step (`make bench-train`, best of 3), so bfloat16 on a CPU runs
-    without XLA. Several replicas and TPUs keep Keras' choice: TPUs compile anyway, and
+    run it at 1.69x the faster float32 step (`make bench-train`, best of 3), so bfloat16 on
+    a CPU runs without XLA. Several replicas and TPUs keep Keras' choice: TPUs compile anyway, and
     Keras does not XLA-compile a step that all-reduces across replicas. Also off when op
     determinism is enabled (not every op has a deterministic XLA kernel; Keras does the same).
     """
