@@ -85,14 +85,20 @@ def parse_args(argv=None):
 
 def synthetic(batch, seed=0):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(999, VOCAB, (batch, SEQ)).astype("int32")
+    return masked(rng.integers(999, VOCAB, (batch, SEQ)).astype("int32"), rng)
+
+
+def masked(ids, rng) -> dict:
+    """`ids` (sequences, SEQ) with PREDICTIONS random positions masked, two segments, random
+    NSP labels."""
+    count = len(ids)
     positions = np.sort(np.stack([rng.choice(np.arange(1, SEQ - 1), PREDICTIONS, replace=False)
-                                  for _ in range(batch)]), axis=1).astype("int32")
+                                  for _ in range(count)]), axis=1).astype("int32")
     labels = np.take_along_axis(ids, positions, axis=1)
     ids_masked = ids.copy()
     np.put_along_axis(ids_masked, positions, 103, axis=1)
-    segments = (np.arange(SEQ)[None, :] >= SEQ // 2).repeat(batch, 0).astype("int32")
-    nsp = rng.integers(0, 2, batch).astype("int32")
+    segments = (np.arange(SEQ)[None, :] >= SEQ // 2).repeat(count, 0).astype("int32")
+    nsp = rng.integers(0, 2, count).astype("int32")
     return dict(ids=ids_masked, segments=segments, positions=positions, labels=labels, nsp=nsp)
 
 
@@ -371,8 +377,8 @@ def main(argv=None) -> dict:
 
 def learnable_batches(count, batch, seed=1):
     """`count` batches of text with structure a model can learn: each id follows its
-    predecessor by a fixed random map 3 times in 4 (else a Zipf draw over 5,000 ids), 20
-    positions masked as `synthetic` does."""
+    predecessor by a fixed random map 3 times in 4 (else a Zipf draw over 5,000 ids), masked
+    as `synthetic` is."""
     rng = np.random.default_rng(seed)
     follow = rng.integers(999, 6000, VOCAB)
     zipf = 1.0 / np.arange(1, 5001)
@@ -382,17 +388,12 @@ def learnable_batches(count, batch, seed=1):
     for t in range(2, SEQ):
         fresh = 999 + rng.choice(5000, count * batch, p=zipf / zipf.sum())
         ids[:, t] = np.where(rng.random(count * batch) < 0.75, follow[ids[:, t - 1]], fresh)
-    positions = np.sort(np.stack([rng.choice(np.arange(1, SEQ - 1), PREDICTIONS, replace=False)
-                                  for _ in range(count * batch)]), axis=1).astype("int32")
-    labels = np.take_along_axis(ids, positions, axis=1)
-    masked = ids.copy()
-    np.put_along_axis(masked, positions, 103, axis=1)
-    segments = (np.arange(SEQ)[None, :] >= SEQ // 2).repeat(count * batch, 0).astype("int32")
-    nsp = rng.integers(0, 2, count * batch).astype("int32")
+    data = masked(ids, rng)
     shape = lambda a: a.reshape(count, batch, *a.shape[1:])  # noqa: E731
-    x = {"token_ids": shape(masked), "segment_ids": shape(segments),
-         "padding_mask": shape(np.ones_like(masked)), "mask_positions": shape(positions)}
-    y = {"mlm": shape(labels), "nsp": shape(nsp)}
+    x = {"token_ids": shape(data["ids"]), "segment_ids": shape(data["segments"]),
+         "padding_mask": shape(np.ones_like(data["ids"])),
+         "mask_positions": shape(data["positions"])}
+    y = {"mlm": shape(data["labels"]), "nsp": shape(data["nsp"])}
     sw = {"mlm": np.ones(y["mlm"].shape, "float32"), "nsp": np.ones(y["nsp"].shape, "float32")}
     return x, y, sw
 
