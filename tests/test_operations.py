@@ -12,6 +12,7 @@ import time
 import mlflow
 
 from pipeline import artifacts, cli
+from pipeline.stages import vocab as vocab_stage
 
 PROJECT = artifacts.PROJECT_ROOT
 
@@ -31,7 +32,7 @@ def stage_runs(tmp_path):
     return parents, children
 
 
-def test_lineage_reuse_and_corpus_change(tmp_path, corpus_dir, capsys):
+def test_lineage_reuse_and_corpus_change(tmp_path, corpus_dir, capsys, monkeypatch):
     args = ["all", "--config", "configs/test_tiny.yaml", *overrides(tmp_path, corpus_dir)]
     assert cli.main(args) == cli.EXIT_OK
     parents, children = stage_runs(tmp_path)
@@ -51,8 +52,11 @@ def test_lineage_reuse_and_corpus_change(tmp_path, corpus_dir, capsys):
     assert "lineage.input.corpus_files" in by_stage["corpus"].data.tags
     capsys.readouterr()
 
-    # The same invocation again: nothing to do, every stage reused, linked to its producer.
-    assert cli.main([*args, "--scheduled"]) == cli.EXIT_NOTHING_TO_DO
+    # The same invocation again: nothing to do, every stage reused, linked to its producer;
+    # keys that change how a stage runs, not what it makes, do not count as a change.
+    how = ["vocab.spill_words=7", "vocab.merge_fan_in=3",
+           'data.beam_args=["--runner=DirectRunner", "--direct_num_workers=1"]']
+    assert cli.main([*args, *how, "--scheduled"]) == cli.EXIT_NOTHING_TO_DO
     parents, children_after = stage_runs(tmp_path)
     assert len(children_after) == 4
     tags = parents[-1].data.tags
@@ -70,10 +74,23 @@ def test_lineage_reuse_and_corpus_change(tmp_path, corpus_dir, capsys):
     assert [tags[f"stage.{s}"] for s in ("corpus", "vocab", "data", "pretrain")] == [
         "ran", "reused", "ran", "ran"]
 
-    # --force runs a reused stage again.
+    # --force runs a reused stage again; the spill keys reach the job (7 distinct words in
+    # memory, runs merged 3 at a time) and the vocab is the same, byte for byte.
     assert cli.main(["vocab", "--force", *args[1:]]) == cli.EXIT_OK
+    vocab_file = tmp_path / "run" / "vocab" / "vocab.txt"
+    before = vocab_file.read_bytes()
+    argvs = []
+
+    def recorded(argv, *rest, real=vocab_stage.vocab_job.run, **kwargs):
+        argvs.append(list(argv))
+        return real(argv, *rest, **kwargs)
+
+    monkeypatch.setattr(vocab_stage.vocab_job, "run", recorded)
+    assert cli.main(["vocab", "--force", *args[1:], *how[:2]]) == cli.EXIT_OK
     parents, _ = stage_runs(tmp_path)
     assert parents[-1].data.tags["stage.vocab"] == "ran"
+    assert len(argvs) == 1 and " ".join(argvs[0]).count("--spill_words 7 --merge_fan_in 3") == 1
+    assert vocab_file.read_bytes() == before
 
 
 def start(tmp_path, corpus_dir, *extra):

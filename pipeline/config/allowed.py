@@ -46,6 +46,8 @@ RANGES = [
     ("vocab.size", 10, 1_000_000, True),
     ("vocab.min_word_count", 1, None, True),
     ("vocab.max_words", 10, None, True),
+    ("vocab.spill_words", 1, None, True),
+    ("vocab.merge_fan_in", 2, None, True),
     ("data.max_seq_length", 8, None, True),
     ("data.max_predictions_per_seq", 1, None, True),
     ("data.masked_lm_prob", 0.0, 1.0, False),

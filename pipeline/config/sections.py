@@ -63,6 +63,11 @@ class VocabConfig:
     min_word_count: int = 2
     # The learner only looks at this many of the most frequent words.
     max_words: int = 200_000
+    # How the word count is held (not what it makes: left out of the stage's lineage, like
+    # data.beam_args): at most this many distinct words in memory per worker, past that they
+    # spill to sorted run files, merged `merge_fan_in` at a time (beam_jobs/word_counts.py).
+    spill_words: int = 100_000
+    merge_fan_in: int = 16
     # Use this vocab.txt instead of learning one (e.g. the vocab of an imported checkpoint,
     # to continue pretraining it on your corpus); `lowercase` must match its casing.
     from_file: str = ""

@@ -41,6 +41,8 @@ def run(config: Config, log=print) -> dict:
             "--lowercase", str(vc.lowercase).lower(),
             "--min_word_count", str(vc.min_word_count),
             "--max_words", str(vc.max_words),
+            "--spill_words", str(vc.spill_words),
+            "--merge_fan_in", str(vc.merge_fan_in),
             *config.data.beam_args,
         ])
         stage.download(output, tmp)

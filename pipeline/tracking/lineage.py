@@ -110,12 +110,17 @@ def code_hash(stage: str, root: Path | None = None) -> str:
     return sha.hexdigest()
 
 
+# Config keys that change how a stage runs, never its output (tests/test_lineage.py checks
+# that changing them reuses the output).
+HOW_NOT_WHAT = ("data.beam_args", "vocab.spill_words", "vocab.merge_fan_in")
+
+
 def config_hash(stage: str, config: config_lib.Config) -> str:
     flat = config_lib.to_flat_dict(config)
     chosen = {k: v for k, v in flat.items()
               if any(k == key or k.startswith(key + ".") for key in STAGES[stage].config)}
-    if stage == "data":
-        chosen.pop("data.beam_args", None)  # where it runs does not change what it makes
+    for key in HOW_NOT_WHAT:  # where and how it runs does not change what it makes
+        chosen.pop(key, None)
     return sha256_bytes(json.dumps(chosen, sort_keys=True).encode())
 
 
