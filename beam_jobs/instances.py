@@ -19,7 +19,7 @@ from beam_jobs import schema, transforms
 MASK, RANDOM, KEEP = "mask", "random", "keep"
 
 
-OBJECTIVES = ("nsp", "sop")
+OBJECTIVES = ("nsp", "sop", "mlm")
 
 
 MASKINGS = ("static", "dynamic")
@@ -69,7 +69,8 @@ class InstanceSettings:
     dupe_factor: int = _setting(1, "passes over the data, each with different masks")
     seed: int = _setting(12345)
     objective: str = _setting("nsp", "nsp: B follows A or is random (label 1); sop: B follows "
-                                     "A, or the two are swapped (label 1)")
+                                     "A, or the two are swapped (label 1); mlm: one segment "
+                                     "of consecutive sentences, no label (RoBERTa's)")
     whole_word_masking: bool = _setting(False, "mask all the pieces of a word together")
     masking: str = _setting("static", "static: masks written in the records; dynamic: no masks "
                                       "written (masked_lm_weights all 0), tf.data masks each "
@@ -265,6 +266,9 @@ def create_instances_from_document(all_documents: list, document_index: int,
     The pair is truncated to fit, wrapped in [CLS] A [SEP] B [SEP] and masked
     (unless settings.masking is "dynamic").
     """
+    if settings.objective == "mlm":
+        return create_single_segment_instances(all_documents[document_index], settings,
+                                               special, rng)
     document = [list(sentence) for sentence in all_documents[document_index]]
     max_num_tokens = settings.max_seq_length - 3  # room for [CLS], [SEP], [SEP]
     target_seq_length = max_num_tokens
@@ -337,6 +341,34 @@ def create_instances_from_document(all_documents: list, document_index: int,
             chunk = []
             chunk_length = 0
         i += 1
+    return instances
+
+
+def create_single_segment_instances(document: list, settings: InstanceSettings,
+                                    special: SpecialIds,
+                                    rng: random.Random) -> list[TrainingInstance]:
+    """objective mlm (no sentence-level task): the document's pieces cut into consecutive
+    blocks, each `[CLS] block [SEP]`, label 0 (the pretrainer gives the sentence-level loss no
+    weight). A block has max_seq_length - 2 pieces, or with probability short_seq_prob a
+    random length from 2 (drawn per block, so each dupe pass cuts elsewhere); blocks start
+    mid-sentence, as the packed blocks of transformers' run_mlm do."""
+    pieces = _flatten(document)
+    max_num_tokens = settings.max_seq_length - 2  # room for [CLS], [SEP]
+    instances, start = [], 0
+    while start < len(pieces):
+        length = max_num_tokens
+        if rng.random() < settings.short_seq_prob:
+            length = rng.randint(2, max_num_tokens)
+        tokens = [special.cls, *pieces[start:start + length], special.sep]
+        start += length
+        masked, positions, labels, branches = tokens, [], [], []
+        if settings.masking == "static":
+            masked, positions, labels, branches = create_masked_lm_predictions(
+                tokens, settings.masked_lm_prob, settings.max_predictions_per_seq, special,
+                rng, settings.whole_word_masking)
+        instances.append(TrainingInstance(
+            token_ids=masked, a_length=len(tokens), label=0, masked_lm_positions=positions,
+            masked_lm_ids=labels, masked_lm_branches=branches))
     return instances
 
 
@@ -470,7 +502,7 @@ def finalize_stats(counters: dict, settings: dict, prefix: str = "") -> dict:
             "nsp_random_fraction": fraction(label_1, instances),
             "nsp_random_from_same_document": count(f"{prefix}nsp_random_from_same_document"),
         })
-    else:
+    elif settings["objective"] == "sop":
         stats.update({"sop_in_order": label_0, "sop_swapped": label_1,
                       "sop_swapped_fraction": fraction(label_1, instances)})
     skipped = {}  # the documents' (unprefixed) and this phase's skips

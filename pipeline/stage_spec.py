@@ -77,7 +77,7 @@ _SPECS = (
               output="data_dir", in_all=True),
     StageSpec("pretrain", "Pretrained BERT (MLM + NSP), evaluated on held-out data, exported.",
               config=("model", "train", "data.max_seq_length", "data.max_predictions_per_seq",
-                      "data.phases"),
+                      "data.phases", "data.objective"),
               upstream=("data",), output="pretrain_dir", in_all=True,
               resumable="pipeline.training.phases:resumable_run_id",
               fresh="pipeline.training.phases:set_checkpoints_aside",

@@ -456,6 +456,36 @@ def test_sop_pairs_are_in_order_or_really_swapped():
     assert 0.46 < swapped / len(made) < 0.54
 
 
+def test_mlm_blocks_cover_each_document_once_in_order():
+    special = special_ids(vocab_size=400_000)
+    documents = owned_documents(150, random.Random(6))
+    settings = instances.InstanceSettings(max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED,
+                                          objective="mlm", seed=7, dupe_factor=2,
+                                          short_seq_prob=0.2)
+    made = list(instances.create_instances_for_group(documents, 0, settings, special))
+    pieces = sorted(t for _, doc in documents for sentence in doc for t in sentence)
+    passes, seen, short = [[]], [], 0
+    for inst in made:
+        tokens = unmask(inst)
+        assert tokens[0] == special.cls and tokens[-1] == special.sep
+        assert special.sep not in tokens[1:-1] and len(tokens) <= MAX_SEQ
+        assert inst.segment_ids == [0] * len(tokens) and inst.label == 0
+        block = tokens[1:-1]
+        assert block == sorted(block) and len({(t - 1000) // 1000 for t in block}) == 1
+        assert 1 <= len(inst.masked_lm_positions) <= MAX_PRED
+        assert not {0, len(tokens) - 1} & set(inst.masked_lm_positions)
+        short += len(block) < MAX_SEQ - 2
+        seen.extend(block)
+        passes[-1].append(block)
+        if len(seen) >= len(pieces):  # a pass ends: every piece once, none cut or repeated
+            assert sorted(seen) == pieces
+            passes.append([])
+            seen = []
+    assert len(passes) == 3 and passes[-1] == []
+    assert short > 0.1 * len(made)  # the short blocks and each document's last one
+    assert passes[0] != passes[1]  # the two passes cut the documents in other places
+
+
 def test_instance_distribution_matches_the_reference_algorithm():
     """Count, lengths and NSP balance of our instances vs a step-by-step restatement of
     the reference over the same documents (different random streams)."""
@@ -736,7 +766,7 @@ def test_data_stage_passes_the_config_keys_to_the_job(tmp_path):
         assert getattr(parsed, name) == value or name.startswith("max_"), name
     for bad, message in (("data.phases=[128-20]", "is not max_seq_length"),
                          ("data.phases=[128/20]", "model.max_sequence_length"),
-                         ("data.objective=mlm", "choose one of: nsp, sop"),
+                         ("data.objective=mlp", "choose one of: nsp, sop, mlm"),
                          ("data.masking=online", "static, dynamic")):
         with pytest.raises(config_lib.ConfigError, match=message):
             config_lib.load("configs/test_tiny.yaml", [bad])

@@ -93,7 +93,8 @@ def fit_blocks(config, vocabulary_size, batches, updates):
     keras.utils.set_random_seed(7)
     model = pretrainer.build_model(config, vocabulary_size)
     optimizer = pretrainer.build_optimizer(tc)
-    pretrainer.compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution)
+    pretrainer.compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution,
+                             nsp_weight=pretrainer.nsp_weight(config))
     optimizer.build(model.trainable_variables)
     logger = callbacks.StepLogger(tc.log_every, updates, tc.batch_size, SEQ, log=lambda line: None,
                                   to_mlflow=False,
@@ -133,6 +134,21 @@ def test_grad_accumulation_matches_the_large_batch(tmp_path, optimizer="adamw"):
     assert [round(m["learning_rate"] / 1e-3, 6) for _, m in history_a] == [1.0, 0.5, 0.0]
     for a, b in zip(model_a.get_weights(), model_b.get_weights()):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6)
+
+
+def test_nsp_weight_scales_the_sentence_loss(tmp_path):
+    """train.nsp_weight w: the total loss is MLM + w × NSP; w = 0 (or data.objective: mlm) is
+    MLM only, with no NSP accuracy (the head is not trained); NSP's own loss is still shown."""
+    vocabulary_size = write_pretraining_data(tmp_path / "run")
+    for overrides, weight in (([], 1.0), (["train.nsp_weight=0.5"], 0.5),
+                              (["train.nsp_weight=0"], 0.0), (["data.objective=mlm"], 0.0)):
+        config = tiny_config(tmp_path / "run", "train.steps=2", *overrides)
+        _, history = fit_blocks(config, vocabulary_size, ordered_batches(tmp_path / "run", 4), 2)
+        for _, logs in history:
+            assert logs["nsp_loss"] > 0.1, overrides
+            np.testing.assert_allclose(logs["loss"], logs["mlm_loss"] + weight * logs["nsp_loss"],
+                                       rtol=1e-5)
+            assert ("nsp_accuracy" in logs) == (weight > 0), overrides
 
 
 def test_steps_per_execution_trains_the_same_updates(tmp_path):

@@ -200,6 +200,9 @@ class TrainConfig:
     # compare across training masking rates (Wettig et al. 2023 train small BERTs at 0.2-0.4).
     masked_lm_prob: float = 0.0
     max_predictions_per_seq: int = 0
+    # The sentence-level (NSP/SOP) loss's weight in the total; 0 = MLM only on the same pairs
+    # (no NSP accuracy). data.objective: mlm has no sentence-level labels: always 0.
+    nsp_weight: float = 1.0
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 20

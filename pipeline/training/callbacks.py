@@ -98,9 +98,10 @@ class StepLogger(keras.callbacks.Callback):
         if self.to_mlflow:
             outbox.log_metrics(metrics, step=step)  # kept if the tracking store is down
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
+        # data.objective: mlm compiles no NSP accuracy
+        nsp = f"nsp_acc {metrics['nsp_accuracy']:.3f}  " if "nsp_accuracy" in metrics else ""
         self.log(f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
-                 f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  "
-                 f"nsp_acc {metrics.get('nsp_accuracy', float('nan')):.3f}  "
+                 f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
                  f"lr {metrics['learning_rate']:.2e}  "
                  f"gnorm {metrics.get('grad_norm', float('nan')):.3g}  "
                  f"{metrics['tokens_per_second']:,.0f} tok/s{mfu}")

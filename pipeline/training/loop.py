@@ -45,6 +45,7 @@ from pipeline.training.pretrainer import (
     init_from_checkpoint,
     learning_rate_schedule,
     normalize_mlm_weights,
+    nsp_weight,
     oom_message,
 )
 from pipeline.training.records import heldout_data, training_data
@@ -65,7 +66,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     with strategy.scope():
         model = build_model(config, vocabulary_size)
         optimizer = build_optimizer(tc)
-        compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution)
+        compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution,
+                      nsp_weight=nsp_weight(config))
         optimizer.build(model.trainable_variables)
         PretrainingStep.prebuild(model, train_data.element_spec)
         if found:
@@ -167,8 +169,10 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
             raise PretrainError(oom_message(config, strategy)) from err
     results = {f"eval_{k}": v for k, v in scalar_logs(results).items()}
     results["step"] = global_step(model)
+    nsp = (f"{results['eval_nsp_accuracy']:.4f}" if "eval_nsp_accuracy" in results
+           else "n/a (data.objective: mlm)")
     log(f"{prefix}: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "
-        f"NSP accuracy {results.get('eval_nsp_accuracy', float('nan')):.4f}, "
+        f"NSP accuracy {nsp}, "
         f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
     digest = weights_digest(model)
     log(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")

@@ -134,8 +134,16 @@ def xla_optimizer(setting: str, strategy, precision: str) -> bool:
             and strategy.num_replicas_in_sync == 1)
 
 
-def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_execution: int = 1):
-    """MLM + NSP losses, weighted accuracies, our train step (`PretrainingStep`).
+def nsp_weight(config) -> float:
+    """The sentence-level loss's weight: train.nsp_weight, 0 for data.objective: mlm (its
+    records have no sentence-level labels)."""
+    return 0.0 if config.data.objective == "mlm" else float(config.train.nsp_weight)
+
+
+def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_execution: int = 1,
+                  nsp_weight: float = 1.0):
+    """MLM + NSP losses, the NSP loss weighted `nsp_weight` (train.nsp_weight: 0 = MLM only,
+    and then no NSP accuracy), weighted accuracies, our train step (`PretrainingStep`).
 
     The MLM loss is the weighted mean over the real predictions of the whole global batch,
     on any number of replicas: the input batches carry weights already divided by their
@@ -147,8 +155,12 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     losses = {models.pretraining.MLM_OUTPUT: keras.losses.SparseCategoricalCrossentropy(
                   from_logits=True, reduction="sum_over_batch_size", name="mlm_loss"),
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
-    model.compile(optimizer=optimizer, loss=losses,
-                  weighted_metrics=models.pretraining.pretraining_metrics(),
+    metrics = models.pretraining.pretraining_metrics()
+    if not nsp_weight:
+        metrics[models.pretraining.NSP_OUTPUT] = []
+    model.compile(optimizer=optimizer, loss=losses, weighted_metrics=metrics,
+                  loss_weights={models.pretraining.MLM_OUTPUT: 1.0,
+                                models.pretraining.NSP_OUTPUT: float(nsp_weight)},
                   jit_compile=resolve_jit_compile(jit_compile, strategy, precision),
                   steps_per_execution=steps_per_execution)
     PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision))
