@@ -341,7 +341,7 @@ def _summary(config, paths, results, log) -> None:
     if paths.pretrain_eval.exists():
         ev = json.loads(paths.pretrain_eval.read_text())
         nsp = (f"{ev['eval_nsp_accuracy']:.4f}" if "eval_nsp_accuracy" in ev
-               else "n/a (data.objective: mlm)")
+               else "n/a (no NSP loss)")
         log(f"  held-out MLM accuracy {ev.get('eval_mlm_accuracy', float('nan')):.4f}   "
             f"NSP accuracy {nsp}   "
             f"(step {ev.get('step')})")

@@ -170,7 +170,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     results = {f"eval_{k}": v for k, v in scalar_logs(results).items()}
     results["step"] = global_step(model)
     nsp = (f"{results['eval_nsp_accuracy']:.4f}" if "eval_nsp_accuracy" in results
-           else "n/a (data.objective: mlm)")
+           else "n/a (no NSP loss)")
     log(f"{prefix}: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "
         f"NSP accuracy {nsp}, "
         f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
