@@ -69,8 +69,8 @@ class InstanceSettings:
     dupe_factor: int = _setting(1, "passes over the data, each with different masks")
     seed: int = _setting(12345)
     objective: str = _setting("nsp", "nsp: B follows A or is random (label 1); sop: B follows "
-                                     "A, or the two are swapped (label 1); mlm: one segment "
-                                     "of consecutive sentences, no label (RoBERTa's)")
+                                     "A, or the two are swapped (label 1); mlm: the document "
+                                     "cut into one-segment blocks, no label")
     whole_word_masking: bool = _setting(False, "mask all the pieces of a word together")
     masking: str = _setting("static", "static: masks written in the records; dynamic: no masks "
                                       "written (masked_lm_weights all 0), tf.data masks each "

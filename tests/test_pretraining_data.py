@@ -696,8 +696,9 @@ def test_phases_sop_whole_word_and_dynamic_masking(corpus, tmp_path):
     parsed = parse(read_records(blocks)[1])
     assert stats["objective"] == "mlm" and "nsp_is_random" not in stats
     assert parsed["segment_ids"].sum() == 0 and parsed["next_sentence_labels"].sum() == 0
-    for ids, positions, labels, weights in zip(parsed["input_ids"], parsed["masked_lm_positions"],
-                                               parsed["masked_lm_ids"], parsed["masked_lm_weights"]):
+    for ids, positions, labels, weights in zip(
+            parsed["input_ids"], parsed["masked_lm_positions"], parsed["masked_lm_ids"],
+            parsed["masked_lm_weights"]):
         original = ids.copy()  # (a random replacement may be [SEP])
         original[positions[weights > 0]] = labels[weights > 0]
         assert list(original).count(special.sep) == 1  # one segment each

@@ -110,8 +110,8 @@ def code_hash(stage: str, root: Path | None = None) -> str:
     return sha.hexdigest()
 
 
-# Config keys that change how a stage runs, never its output (tests/test_lineage.py checks
-# that changing them reuses the output).
+# Config keys that change how a stage runs, never its output (tests/test_operations.py checks
+# that changing them reuses the outputs).
 HOW_NOT_WHAT = ("data.beam_args", "vocab.spill_words", "vocab.merge_fan_in")
 
 

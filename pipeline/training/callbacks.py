@@ -98,7 +98,7 @@ class StepLogger(keras.callbacks.Callback):
         if self.to_mlflow:
             outbox.log_metrics(metrics, step=step)  # kept if the tracking store is down
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
-        # data.objective: mlm compiles no NSP accuracy
+        # no NSP accuracy without the NSP loss (train.nsp_weight 0, data.objective: mlm)
         nsp = f"nsp_acc {metrics['nsp_accuracy']:.3f}  " if "nsp_accuracy" in metrics else ""
         self.log(f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
                  f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
