@@ -81,9 +81,11 @@ def run(config: Config, log=print) -> dict:
         # Last: every shard's bytes, sha256 and record count, verified before any use.
         stats["files"] = artifacts.write_checksums(tmp)
     train, held = stats["train"], stats["eval"]
-    pair = {"nsp": lambda: f"NSP random {train['nsp_random_fraction']:.3f}",
-            "sop": lambda: f"SOP swapped {train['sop_swapped_fraction']:.3f}",
-            "mlm": lambda: "one segment each (MLM only)"}[dc.objective]()
+    pair = "one segment each (MLM only)"
+    if dc.objective == "nsp":
+        pair = f"NSP random {train['nsp_random_fraction']:.3f}"
+    elif dc.objective == "sop":
+        pair = f"SOP swapped {train['sop_swapped_fraction']:.3f}"
     masks = (f"masked fraction {train['masked_fraction']:.3f}" if dc.masking == "static"
              else "unmasked (dynamic masking in tf.data)")
     where = (paths.data_dir if not dc.phases
