@@ -67,7 +67,7 @@ TOKEN_CACHE_WORDS = 1_000_000  # words whose ids a Tokenizer keeps (about 100 MB
 
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-_ASCII_PUNCTUATION = [c for c in range(33, 127) if not chr(c).isalnum()]
+_ASCII_PUNCTUATION = frozenset(c for c in range(33, 127) if not chr(c).isalnum())
 
 
 def vocab_tokens(text: str) -> list[str]:
@@ -89,32 +89,42 @@ def _ranges(code_points: Iterable[int]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
+def _classify(cp: int) -> str | None:
+    """The class of one code point under rules 1-4 (delete, space, mark, punctuation,
+    unassigned), or None for the rest."""
+    char = chr(cp)
+    category = unicodedata.category(char)
+    if cp in (0, 0xFFFD) or (category in ("Cc", "Cf") and char not in "\t\n\r"):
+        return "delete"
+    if category == "Zs" or char.isspace():
+        return "space"
+    if category == "Mn":
+        return "mark"
+    if category[0] == "P" or cp in _ASCII_PUNCTUATION:
+        return "punctuation"
+    if category == "Cn":
+        return "unassigned"
+    return None
+
+
 @functools.cache
 def character_classes() -> dict[str, tuple[tuple[int, int], ...]]:
     """The rules' character classes from this Python's Unicode tables, as code point ranges.
 
     delete (rule 1), space (2), mark (Mn, 3), punctuation and cjk (4), and for the
     in-graph tokenizer: unassigned (Cn), cased and case_ignorable (as `str.lower` sees them
-    for the final sigma). Takes about a second, once per process.
+    for the final sigma). Takes about a second, once per process; text that is all ASCII
+    never needs it (`_ascii_patterns`).
     """
-    delete, space, mark, punctuation, unassigned = [0, 0xFFFD], [], [], list(_ASCII_PUNCTUATION), []
+    members: dict[str, list[int]] = {"delete": [], "space": [], "mark": [], "punctuation": [],
+                                     "unassigned": []}
     for cp in itertools.chain(range(0xD800), range(0xE000, 0x110000)):
-        char = chr(cp)
-        category = unicodedata.category(char)
-        if category in ("Cc", "Cf") and char not in "\t\n\r":
-            delete.append(cp)
-        elif category == "Zs" or char.isspace():
-            space.append(cp)
-        elif category == "Mn":
-            mark.append(cp)
-        elif category[0] == "P" and cp > 127:
-            punctuation.append(cp)
-        elif category == "Cn":
-            unassigned.append(cp)
+        kind = _classify(cp)
+        if kind is not None:
+            members[kind].append(cp)
     cased, ignorable = _sigma_context()
-    return {"delete": _ranges(delete), "space": _ranges(space), "mark": _ranges(mark),
-            "punctuation": _ranges(punctuation), "cjk": tuple(sorted(CJK_RANGES)),
-            "unassigned": _ranges(unassigned), "cased": _ranges(cased),
+    return {**{kind: _ranges(cps) for kind, cps in members.items()},
+            "cjk": tuple(sorted(CJK_RANGES)), "cased": _ranges(cased),
             "case_ignorable": _ranges(ignorable)}
 
 
@@ -143,15 +153,33 @@ def regex_class(ranges, dialect: str = "python") -> str:
     return "[" + "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges) + "]"
 
 
-@functools.cache
-def _patterns():
-    classes = character_classes()
+def _compile(classes) -> tuple:
     delete = re.compile(regex_class(classes["delete"]))
     space = re.compile(regex_class(classes["space"]) + "+")
-    mark = re.compile(regex_class(classes["mark"]))
+    mark = re.compile(regex_class(classes["mark"])) if classes["mark"] else None
     # Punctuation and CJK characters are words of their own: capture them in the split.
-    splitter = re.compile("(" + regex_class(classes["punctuation"] + classes["cjk"]) + ")")
+    splitter = re.compile("(" + regex_class(classes["punctuation"] + classes.get("cjk", ()))
+                          + ")")
     return delete, space, mark, splitter
+
+
+@functools.cache
+def _patterns():
+    """(delete, space, mark, splitter) regexes for any text."""
+    return _compile(character_classes())
+
+
+@functools.cache
+def _ascii_patterns():
+    """The same regexes for text that is all ASCII, from the same rules applied to the 128
+    ASCII code points only: a millisecond instead of the second the full tables take, so a
+    process that tokenizes only ASCII text (most English corpora) never builds them."""
+    members: dict[str, list[int]] = {"delete": [], "space": [], "mark": [], "punctuation": []}
+    for cp in range(128):
+        kind = _classify(cp)
+        if kind in members:
+            members[kind].append(cp)
+    return _compile({kind: _ranges(cps) for kind, cps in members.items()})
 
 
 def special_tokens_pattern(tokens: Sequence[str] = SPECIAL_TOKENS) -> str:
@@ -163,7 +191,7 @@ def special_tokens_pattern(tokens: Sequence[str] = SPECIAL_TOKENS) -> str:
 # ---------------------------------------------------------------------------
 def basic_words(text: str, lowercase: bool) -> list[str]:
     """Rules 1-4: text → the words WordPiece sees (no special tokens)."""
-    delete, space, mark, splitter = _patterns()
+    delete, space, mark, splitter = _ascii_patterns() if text.isascii() else _patterns()
     if delete.search(text):
         text = delete.sub("", text)
     out: list[str] = []
@@ -261,7 +289,7 @@ class Tokenizer:
         return b"".join(out)
 
     def _split(self, text: str) -> list[str]:
-        delete, space, _, _ = _patterns()
+        delete, space, _, _ = _ascii_patterns() if text.isascii() else _patterns()
         if delete.search(text):  # deleting joins what it separated ("a\x1cb" is "ab")
             text = delete.sub("", text)
         return space.split(text)

@@ -266,3 +266,31 @@ def test_beam_job_tokenizes_by_the_contract(tmp_path):
                if not isinstance(item, beam.pvalue.TaggedOutput))
     assert {doc_id: sentences[0] for doc_id, sentences in out.items()} == {
         (f"doc{i}", 0): ids for i, ids in enumerate(expected) if ids}
+
+
+def test_ascii_patterns_are_the_full_rules_on_ascii():
+    """The ASCII fast path's regexes classify each of the 128 ASCII code points as the full
+    Unicode tables do, and a process that tokenizes only ASCII text never builds the tables
+    (they cost about a second per Beam worker)."""
+    ascii_patterns, full = rules._ascii_patterns(), rules._patterns()
+    for cp in range(128):
+        for name, small, big in zip(("delete", "space", "mark", "splitter"), ascii_patterns,
+                                    full):
+            found = bool(small.search(chr(cp))) if small is not None else False
+            assert found == bool(big.search(chr(cp))), (name, cp)
+    script = (
+        "from models import tokenizer as rules\n"
+        "tok = rules.Tokenizer(['[PAD]', '[UNK]', 'the', 'cat', '##s', '.', ','], True)\n"
+        "ids = tok.tokenize(['The cats.', 'the\\tcat , x\\x01y', 'Cats'])\n"
+        "assert rules.basic_words('Tab\\there, (ok)!', True) == "
+        "['tab', 'here', ',', '(', 'ok', ')', '!']\n"
+        "print(ids, rules.character_classes.cache_info().currsize)\n")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    assert out.stdout.split()[-1] == "0", out.stdout  # the full tables were never built
+    assert "[[2, 3, 4, 5], [2, 3, 6, 1], [3, 4]]" in out.stdout
+    # Non-ASCII text still goes through the full tables.
+    assert rules.basic_words("Café ½", True) == ["cafe", "½"]
