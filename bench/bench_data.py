@@ -167,7 +167,9 @@ def overrides(work: Path, size: int, corpus: str, beam_args: list | None) -> lis
              f"data.dupe_factor={SETTINGS['dupe_factor']}",
              f"data.masked_lm_prob={SETTINGS['masked_lm_prob']}",
              f"data.short_seq_prob={SETTINGS['short_seq_prob']}",
-             f"data.seed={SETTINGS['seed']}", "data.masking=static", "data.objective=nsp"]
+             f"data.seed={SETTINGS['seed']}", "data.masking=static", "data.objective=nsp",
+             # static masks: the training batches use the records' masks (no training rate)
+             "train.masked_lm_prob=0", "train.max_predictions_per_seq=0"]
     if beam_args is not None:
         items.append("data.beam_args=" + json.dumps(beam_args))
     return items
@@ -246,7 +248,7 @@ def main(argv=None) -> int:
     if sizes[0] != 1:
         parser.error("--sizes must include 1 (memory growth is against 1x)")
     beam_args = json.loads(args.beam_args) if args.beam_args else None
-    work = Path(args.work)
+    work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(machine(), flush=True)
 
