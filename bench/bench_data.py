@@ -153,7 +153,8 @@ def count_records(paths) -> int:
     return total
 
 
-def overrides(work: Path, size: int, corpus: str, beam_args: list | None) -> list[str]:
+def overrides(work: Path, size: int, corpus: str, beam_args: list | None,
+              workers: int | None = None) -> list[str]:
     """The pipeline's config overrides for one size: a run directory and MLflow store under
     `work`, the bench corpus, the comparison's data settings."""
     run_dir = work / f"run-{size}x"
@@ -172,14 +173,17 @@ def overrides(work: Path, size: int, corpus: str, beam_args: list | None) -> lis
              "train.masked_lm_prob=0", "train.max_predictions_per_seq=0"]
     if beam_args is not None:
         items.append("data.beam_args=" + json.dumps(beam_args))
+    if workers is not None:
+        items.append(f"data.workers={workers}")
     return items
 
 
-def run_stage(stage: str, work: Path, size: int, corpus: str, beam_args, config: str) -> dict:
+def run_stage(stage: str, work: Path, size: int, corpus: str, beam_args, config: str,
+              workers: int | None = None) -> dict:
     run_dir = work / f"run-{size}x"
     log = work / f"log-{size}x-{stage}.txt"
     command = [sys.executable, "-m", "pipeline", stage, "--config", config, "--force",
-               *overrides(work, size, corpus, beam_args)]
+               *overrides(work, size, corpus, beam_args, workers)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     result = measure(command, log, env)
     if stage == "data":
@@ -226,6 +230,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ref-sizes", default="1,4", help="sizes the reference runs at")
     parser.add_argument("--beam-args", default=None,
                         help="JSON list for data.beam_args (default: the config's)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data.workers for the vocab and data stages (default: the "
+                             "config's, 0 = auto: every core once the input holds two groups)")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help="the stages to run (one whose upstream is left out reuses its "
                              "outputs from an earlier run in --work); the reference needs data")
@@ -262,15 +269,23 @@ def main(argv=None) -> int:
               f"characters ({info['multiple']:.2f}x Brown; M characters by source: {parts})",
               flush=True)
     print(f"settings: {SETTINGS}, static masks, NSP; data.beam_args: "
-          f"{beam_args or 'the config default'}; reference: {ref or 'none'}; "
+          f"{beam_args or 'the config default'}; data.workers: "
+          f"{'the config default' if args.workers is None else args.workers}; reference: {ref or 'none'}; "
           f"best of {args.repeat}", flush=True)
 
+    # Warm-up, not timed: the first process after a fresh install or a quiet spell reads
+    # TensorFlow's, MLflow's and Beam's files from disk (first runs measured 1.5x slower).
+    subprocess.run([sys.executable, "-c", "import tensorflow, mlflow, apache_beam, "
+                    "mlflow.store.tracking.sqlalchemy_store, pipeline.cli"], cwd=ROOT,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     results: dict = collections.defaultdict(list)
     for repeat in range(args.repeat):
         for size in sizes:
             corpus = built[size]["path"]
             for stage in stages:
-                result = run_stage(stage, work, size, corpus, beam_args, args.config)
+                result = run_stage(stage, work, size, corpus, beam_args, args.config,
+                                   args.workers)
                 results[stage, size].append(result)
                 extra = (f", {result['instances']:,} instances" if "instances" in result else "")
                 print(f"  run {repeat + 1} {stage:9s} {size}x: {result['wall_s']:6.1f} s wall, "

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from pipeline import config as config_lib
@@ -64,3 +66,30 @@ def test_exponent_floats_from_the_command_line():
     assert config.train.learning_rate == 1e-4
     with pytest.raises(ConfigError, match="train.learning_rate = 'fast' is not a number"):
         config_lib.load(None, ["train.learning_rate=fast"])
+
+
+def test_data_workers_choose_the_direct_runners_processes(monkeypatch):
+    """data.workers 0 (auto): every core once a job's input holds two groups, one process
+    below; N: N processes; only for direct runners, and never over flags the user gave."""
+    from pipeline.config import data_job
+
+    monkeypatch.setattr(data_job.os, "cpu_count", lambda: 2)
+    mb = 1 << 20
+    auto = config_lib.load(None, ["data.group_size_mb=4"])
+    multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    assert data_job.beam_args(auto, 4 * mb) == ["--runner=DirectRunner"]  # one group
+    assert data_job.beam_args(auto, 4 * mb + 1) == ["--runner=DirectRunner", *multi]
+    assert data_job.workers(auto, 400 * mb) == 2  # at most the cores
+    three = config_lib.load(None, ["data.workers=3"])
+    assert data_job.beam_args(three, 0)[-2:] == ["--direct_num_workers=3",
+                                                 "--direct_running_mode=multi_processing"]
+    one = config_lib.load(None, ["data.workers=1"])
+    assert data_job.beam_args(one, 400 * mb) == ["--runner=DirectRunner"]
+    for given in (['--runner=DaskRunner'], ["--runner", "DataflowRunner"],
+                  ["--runner=DirectRunner", "--direct_num_workers=1"]):
+        config = config_lib.load(None, ["data.beam_args=" + json.dumps(given)])
+        assert data_job.beam_args(config, 400 * mb) == given
+    job = data_job.job_args(auto, "in/*.txt", "vocab.txt", "out", "train", 9 * mb)
+    assert job[-2:] == multi
+    with pytest.raises(ConfigError, match="data.workers"):
+        config_lib.load(None, ["data.workers=-1"])

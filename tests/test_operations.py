@@ -54,7 +54,7 @@ def test_lineage_reuse_and_corpus_change(tmp_path, corpus_dir, capsys, monkeypat
 
     # The same invocation again: nothing to do, every stage reused, linked to its producer;
     # keys that change how a stage runs, not what it makes, do not count as a change.
-    how = ["vocab.spill_words=7", "vocab.merge_fan_in=3",
+    how = ["vocab.spill_words=7", "vocab.merge_fan_in=3", "data.workers=2",
            'data.beam_args=["--runner=DirectRunner", "--direct_num_workers=1"]']
     assert cli.main([*args, *how, "--scheduled"]) == cli.EXIT_NOTHING_TO_DO
     parents, children_after = stage_runs(tmp_path)

@@ -56,6 +56,7 @@ RANGES = [
     ("train.nsp_weight", 0.0, None, True),
     ("data.num_shards", 1, None, True),
     ("data.group_size_mb", 0.0, None, False),
+    ("data.workers", 0, None, True),
     ("model.num_layers", 0, None, True),
     ("model.hidden_dim", 0, None, True),
     ("model.num_heads", 0, None, True),

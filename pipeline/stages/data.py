@@ -61,8 +61,12 @@ def run(config: Config, log=print) -> dict:
                     f"no {split} text in {paths.corpus_dir / split}; run `make corpus` again")
             corpus = stage.files(paths.corpus_files(split), paths.corpus_glob(split),
                                  f"corpus/{split}")
+            size = sum(path.stat().st_size for path in paths.corpus_files(split))
+            if data_job.runs_directly(config):
+                log(f"data: {split} split, {size / 1e6:.1f} MB of text, "
+                    f"{data_job.workers(config, size)} Beam worker process(es)")
             result = pretraining_data.run(data_job.job_args(
-                config, corpus, vocab_file, output, split))
+                config, corpus, vocab_file, output, split, size))
             per_phase = result["phases"] if dc.phases else [result]
             for i, phase_stats in enumerate(per_phase):
                 if not phase_stats["instances"]:

@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs import vocab as vocab_job
 from pipeline import artifacts, remote_dir
 from pipeline.artifacts import Artifacts
-from pipeline.config import Config
+from pipeline.config import Config, data_job
 from pipeline.tracking import outbox
 
 
@@ -43,7 +43,8 @@ def run(config: Config, log=print) -> dict:
             "--max_words", str(vc.max_words),
             "--spill_words", str(vc.spill_words),
             "--merge_fan_in", str(vc.merge_fan_in),
-            *config.data.beam_args,
+            *data_job.beam_args(config, sum(p.stat().st_size
+                                            for p in paths.corpus_files("train"))),
         ])
         stage.download(output, tmp)
         vocab_job.check_vocab(str(tmp / paths.vocab_file.name))

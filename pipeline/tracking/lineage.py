@@ -112,7 +112,7 @@ def code_hash(stage: str, root: Path | None = None) -> str:
 
 # Config keys that change how a stage runs, never its output (tests/test_operations.py checks
 # that changing them reuses the outputs).
-HOW_NOT_WHAT = ("data.beam_args", "vocab.spill_words", "vocab.merge_fan_in")
+HOW_NOT_WHAT = ("data.beam_args", "data.workers", "vocab.spill_words", "vocab.merge_fan_in")
 
 
 def config_hash(stage: str, config: config_lib.Config) -> str:
