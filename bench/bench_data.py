@@ -270,7 +270,8 @@ def main(argv=None) -> int:
               flush=True)
     print(f"settings: {SETTINGS}, static masks, NSP; data.beam_args: "
           f"{beam_args or 'the config default'}; data.workers: "
-          f"{'the config default' if args.workers is None else args.workers}; reference: {ref or 'none'}; "
+          f"{'the config default' if args.workers is None else args.workers}; "
+          f"reference: {ref or 'none'}; "
           f"best of {args.repeat}", flush=True)
 
     # Warm-up, not timed: the first process after a fresh install or a quiet spell reads

@@ -100,10 +100,7 @@ class DataConfig:
     phases: list = field(default_factory=list)
     # Extra Apache Beam flags, e.g. ["--runner=DataflowRunner", "--project=..."].
     beam_args: list = field(default_factory=lambda: ["--runner=DirectRunner"])
-    # Processes of the DirectRunner for the vocab and data jobs (other runners bring their own
-    # workers): 0 = auto, every core for a job whose input holds at least two groups
-    # (2 x group_size_mb) and one process below that; 1 = in this process; N = N processes
-    # (Beam's multi-process direct runner). The output is the same bytes for any number.
+    # Direct-runner processes of the vocab/data jobs, 0 = every core from 2 groups (data_job).
     workers: int = 0
     # A URL the Beam workers reach (gs://bucket/bert, s3://...): the vocab and data stages copy
     # their inputs there, run the jobs on it and copy the outputs back (pipeline/remote_dir.py).
