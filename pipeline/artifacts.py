@@ -135,6 +135,10 @@ class Artifacts:
         folder = self.corpus_train_dir if split == "train" else self.corpus_eval_dir
         return sorted(folder.glob("*.txt"))
 
+    def corpus_bytes(self, split: str) -> int:
+        """The size of a split's text (what data.workers counts groups of)."""
+        return sum(path.stat().st_size for path in self.corpus_files(split))
+
     def corpus_glob(self, split: str) -> str:
         folder = self.corpus_train_dir if split == "train" else self.corpus_eval_dir
         return str(folder / "*.txt")

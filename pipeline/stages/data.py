@@ -61,7 +61,7 @@ def run(config: Config, log=print) -> dict:
                     f"no {split} text in {paths.corpus_dir / split}; run `make corpus` again")
             corpus = stage.files(paths.corpus_files(split), paths.corpus_glob(split),
                                  f"corpus/{split}")
-            size = sum(path.stat().st_size for path in paths.corpus_files(split))
+            size = paths.corpus_bytes(split)
             if data_job.runs_directly(config):
                 log(f"data: {split} split, {size / 1e6:.1f} MB of text, "
                     f"{data_job.workers(config, size)} Beam worker process(es)")

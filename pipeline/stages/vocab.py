@@ -43,8 +43,7 @@ def run(config: Config, log=print) -> dict:
             "--max_words", str(vc.max_words),
             "--spill_words", str(vc.spill_words),
             "--merge_fan_in", str(vc.merge_fan_in),
-            *data_job.beam_args(config, sum(p.stat().st_size
-                                            for p in paths.corpus_files("train"))),
+            *data_job.beam_args(config, paths.corpus_bytes("train")),
         ])
         stage.download(output, tmp)
         vocab_job.check_vocab(str(tmp / paths.vocab_file.name))
