@@ -25,7 +25,8 @@ Two ALBERT options (Lan et al. 2019), both off by default (then the model is BER
   sees every application.
 
 Only Keras 3 / keras-hub layers and `keras.ops` are used (no `tf.*`), so the
-model also runs with `KERAS_BACKEND=jax` or `torch`.
+model also runs with `KERAS_BACKEND=jax` or `torch`; inside a TensorFlow training
+step that asks for them, the GELUs use `models.fused`'s kernels (the same math).
 
     >>> import numpy as np
     >>> from models.bert import BertEncoder
@@ -44,7 +45,7 @@ from __future__ import annotations
 import keras
 import keras_hub
 
-from models import presets
+from models import fused, presets
 
 SERIALIZATION_PACKAGE = "bert_pipeline"
 INITIALIZER_STDDEV = 0.02
@@ -53,12 +54,16 @@ INITIALIZER_STDDEV = 0.02
 @keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
 def gelu_approximate(x):
     """GELU, tanh approximation (Google BERT, keras-hub): 0.5x(1 + tanh(√(2/π)(x + 0.044715x³)))."""
+    if fused.active():  # a training step on TensorFlow: one fused pass each way
+        return fused.gelu(x, approximate=True)
     return keras.activations.gelu(x, approximate=True)
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
 def gelu_exact(x):
     """GELU, exact erf form (Hugging Face `hidden_act: "gelu"`): x·Φ(x)."""
+    if fused.active():
+        return fused.gelu(x, approximate=False)
     return keras.activations.gelu(x, approximate=False)
 
 

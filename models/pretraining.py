@@ -85,6 +85,7 @@ import keras
 import keras_hub
 from keras import ops
 
+from models import fused
 from models.bert import (
     INITIALIZER_STDDEV,
     SERIALIZATION_PACKAGE,
@@ -145,8 +146,11 @@ class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
         dtype = embedding.compute_dtype
         kernel = ops.cast(embedding.embeddings, dtype)  # (vocabulary, hidden)
         batch, masked = ops.shape(x)[0], ops.shape(x)[1]
-        flat = ops.reshape(ops.cast(x, dtype), (1, -1, ops.shape(x)[-1]))
-        logits = ops.matmul(flat, ops.expand_dims(ops.transpose(kernel), 0))
+        if fused.active():  # a training step on TensorFlow: no transposed copy of the table
+            logits = fused.tied_logits(ops.reshape(ops.cast(x, dtype), (-1, x.shape[-1])), kernel)
+        else:
+            flat = ops.reshape(ops.cast(x, dtype), (1, -1, ops.shape(x)[-1]))
+            logits = ops.matmul(flat, ops.expand_dims(ops.transpose(kernel), 0))
         logits = ops.reshape(logits, (batch, masked, self.vocabulary_size))
         outputs = ops.cast(logits, self.compute_dtype) + self._bias
         return outputs if self.activation is None else self.activation(outputs)

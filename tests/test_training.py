@@ -9,6 +9,7 @@ and a Google-layout vocab: milliseconds, no Beam), so these tests exercise train
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import models
+from models import fused
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.stages import pretrain
@@ -359,14 +361,21 @@ def test_jit_compile_auto_is_xla_for_one_replica_only():
     assert pretrainer.xla_optimizer("false", one_device, "mixed_bfloat16") is False
     assert pretrainer.xla_optimizer("auto", one_device, "float32") is False
     assert pretrainer.xla_optimizer("auto", Replicas(2), "mixed_bfloat16") is False
+    # With the fused kernels (train.fused_kernels, the default): float32 on a CPU as well.
+    assert pretrainer.resolve_jit_compile("auto", one_device, "float32", fused=True) is False
+    assert pretrainer.resolve_jit_compile("true", one_device, "float32", fused=True) is True
+    assert pretrainer.xla_optimizer("auto", one_device, "float32", fused=True) is True
+    assert pretrainer.xla_optimizer("auto", Replicas(2), "float32", fused=True) is False
+    assert pretrainer.resolve_jit_compile("auto", Replicas(2), "float32", fused=True) is False
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
 def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, precision):
-    """50 updates of the optimised step (our tied MLM head, in the compute dtype, as a batched
-    matmul; for bfloat16 on a CPU: the step outside XLA and the update inside) against the
-    reference (keras-hub's MaskedLMHead, Keras' plain update, no XLA) from the same weights
-    on the same batches: the same losses and weights within float rounding."""
+    """50 updates of the optimised step (our tied MLM head, in the compute dtype; the fused
+    GELU and LayerNorm kernels and 2-D attention projections of models/fused.py; on a CPU the
+    step outside XLA and the update and gradient norm inside) against the reference
+    (keras-hub's MaskedLMHead, Keras' own layers and plain update, no XLA) from the same
+    weights on the same batches: the same losses and weights within float rounding."""
     import keras_hub
 
     vocabulary_size = write_pretraining_data(tmp_path / "run", train_files=1,
@@ -375,16 +384,27 @@ def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, 
                          "train.log_every=1", f"train.precision={precision}",
                          "train.jit_compile=auto")
     batches = ordered_batches(tmp_path / "run", 8)
+    traced = []  # the fused kernels the train steps trace (models/fused.py)
+    for name in ("gelu", "layer_norm", "tied_logits"):
+        original = getattr(fused, name)
+        monkeypatch.setattr(fused, name, functools.partial(
+            lambda original, name, *a, **k: traced.append(name) or original(*a, **k),
+            original, name))
     optimised, history_o = fit_blocks(config, vocabulary_size, batches, 50)
-    assert getattr(optimised, "_xla_optimizer") is (precision == "mixed_bfloat16")
-    assert optimised.jit_compile is (precision == "float32")
+    assert optimised._fused_kernels and optimised._xla_optimizer and not optimised.jit_compile
+    assert set(traced) == {"gelu", "layer_norm", "tied_logits"}
+    # Keras' own classes again once the step is traced (what checkpoints save).
+    assert type(optimised.backbone.embeddings_layer_norm) is keras.layers.LayerNormalization
+    traced.clear()
 
     monkeypatch.setattr(models.pretraining, "TiedMaskedLMHead", keras_hub.layers.MaskedLMHead)
     reference_config = dataclasses.replace(
-        config, train=dataclasses.replace(config.train, jit_compile="false"))
+        config, train=dataclasses.replace(config.train, jit_compile="false",
+                                          fused_kernels=False))
     reference, history_r = fit_blocks(reference_config, vocabulary_size, batches, 50)
     assert type(reference.mlm_head) is keras_hub.layers.MaskedLMHead
     assert not reference.jit_compile and not reference._xla_optimizer
+    assert not reference._fused_kernels and not traced
 
     loss_o = np.array([logs["loss"] for _, logs in history_o])
     loss_r = np.array([logs["loss"] for _, logs in history_r])

@@ -153,9 +153,8 @@ class TrainConfig:
     # default | one_device | mirrored (all local GPUs, else all logical CPU devices) |
     # multi_worker (cluster from $TF_CONFIG; run the same command on every worker) | tpu
     strategy: str = "default"
-    # one_device / mirrored with no GPU visible: an error (the GPU build is missing or no GPU is
-    # exposed: README, GPU), unless true: then one_device runs on the CPU, mirrored over the
-    # logical CPU devices.
+    # one_device / mirrored with no GPU visible: an error (no GPU build or none exposed:
+    # README, GPU), unless true: one_device on the CPU, mirrored over logical CPU devices.
     allow_cpu: bool = False
     tpu: str = ""
     # The global batch of one forward/backward pass, split evenly across all replicas of all
@@ -163,11 +162,10 @@ class TrainConfig:
     # update sees k such batches: effective batch = batch_size × grad_accum_steps.
     batch_size: int = 32
     grad_accum_steps: int = 1
-    # Optimizer updates (not micro-batches): the LR schedule, checkpoint_every, log_every and
-    # the step numbers in checkpoints and MLflow all count updates.
+    # Updates, not micro-batches (the LR schedule, checkpoint_every, log_every, MLflow steps).
     steps: int = 1000
-    # adamw (BERT's Adam with decoupled weight decay) | lamb (layer-wise adaptive, for large
-    # batches: You et al. 2019). Both skip weight decay on LayerNorm parameters and biases.
+    # adamw (BERT's Adam, decoupled weight decay) | lamb (layer-wise adaptive, large batches:
+    # You et al. 2019). Both skip weight decay on LayerNorm parameters and biases.
     optimizer: str = "adamw"
     learning_rate: float = 1e-3
     warmup_steps: int = 100
@@ -182,15 +180,17 @@ class TrainConfig:
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-6
-    # Clip the gradient by its global norm (over all replicas and accumulated micro-batches);
-    # 0 = no clipping.
+    # Clip by the global norm (all replicas and accumulated micro-batches); 0 = no clipping.
     clipnorm: float = 1.0
     # float32 | mixed_bfloat16 (CPU, TPU, Ampere+ GPUs) | mixed_float16 (GPUs; with dynamic
     # loss scaling). Variables stay float32 either way.
     precision: str = "float32"
-    # XLA compilation of the train step: auto (on for a single replica, CPU or GPU; Keras'
-    # own choice under a multi-replica or TPU strategy, i.e. off) | true | false.
+    # XLA compilation of the train step: auto (one replica: on a GPU; on a CPU only the
+    # update, for bfloat16 or fused_kernels; else Keras' choice, i.e. off) | true | false.
     jit_compile: str = "auto"
+    # GELU and LayerNorm as fused XLA kernels, attention projections as 2-D matmuls in the
+    # train step (models/fused.py; same math, TensorFlow only); false = Keras' own ops.
+    fused_kernels: bool = True
     # Updates per call of the compiled step (Keras' steps_per_execution): N > 1 runs N
     # updates in one loop without returning to Python, which a small model on a CPU notices
     # (BERT-tiny: ~5% more tokens/s at 10). checkpoint_every × grad_accum_steps, log_every and

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 import models
+from models import fused
 from models.flops import training_flops_per_token
 from models.optimizers import Lamb
 from models.schedules import WarmupPolynomialDecay
@@ -55,7 +56,9 @@ def build_model(config: Config, vocabulary_size: int) -> models.BertPretrainer:
         initializer_range=config.model.initializer_range,
         dtype=None if precision == "float32" else precision,
     )
-    return models.BertPretrainer(backbone)
+    model = models.BertPretrainer(backbone)
+    model._fused_kernels = bool(config.train.fused_kernels)  # in the train step (models/fused)
+    return model
 
 
 def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
@@ -92,26 +95,32 @@ def learning_rate_schedule(optimizer) -> WarmupPolynomialDecay | None:
     return schedule if isinstance(schedule, WarmupPolynomialDecay) else None
 
 
-def resolve_jit_compile(setting: str, strategy, precision: str = "float32") -> bool | str:
+def resolve_jit_compile(setting: str, strategy, precision: str = "float32",
+                        fused: bool = False) -> bool | str:
     """`train.jit_compile` for this strategy: "true" / "false" as said; "auto" is XLA on for
-    a single replica (one CPU or one GPU) and Keras' own choice ("auto") otherwise, except
-    for "mixed_bfloat16" on a machine without GPUs, where it is off.
+    a single replica (one CPU or one GPU) and Keras' own choice ("auto") otherwise, except on
+    a machine without GPUs for "mixed_bfloat16" or with the fused kernels (`fused`:
+    train.fused_kernels, models/fused.py), where it is off and only the update is compiled
+    (`xla_optimizer`).
 
     Keras' "auto" turns XLA off on every CPU-only machine and under any tf.distribute
-    strategy, one-device included, but the XLA-compiled float32 step is the faster one for
-    the small models of the demo (BERT-tiny, 2 cores: 25.5k vs 18.5k tokens/s) and on one
-    GPU. On a CPU, XLA does not reach the bfloat16 units (AVX512_BF16, AMX): its bfloat16
-    step ran at 0.87x its float32 one on BERT-small, while TensorFlow's own kernels (oneDNN)
-    run it at 1.69x the faster float32 step (`make bench-train`, best of 3), so bfloat16 on
-    a CPU runs without XLA. Several replicas and TPUs keep Keras' choice: TPUs compile anyway, and
-    Keras does not XLA-compile a step that all-reduces across replicas. Also off when op
-    determinism is enabled (not every op has a deterministic XLA kernel; Keras does the same).
+    strategy, one-device included. Without the fused kernels the XLA-compiled float32 step is
+    the faster one on a CPU for the small models of the demo (BERT-tiny, 2 cores: 25.5k vs
+    18.5k tokens/s) and on one GPU. With them, TensorFlow's own kernels (oneDNN's matmuls)
+    plus the fused GELU and LayerNorm are level with XLA on BERT-tiny and faster from
+    BERT-mini up (2 cores with AVX-512: mini 4,637 vs 3,866 tokens/s, small ~1,600 vs
+    ~1,430), because XLA:CPU's matmuls are slower than oneDNN's. XLA does not reach a CPU's
+    bfloat16 units (AVX512_BF16, AMX): its bfloat16 step ran at 0.87x its float32 one on
+    BERT-small, while oneDNN runs it at ~1.7x (`make bench-train`). Several replicas and
+    TPUs keep Keras' choice: TPUs compile anyway, and Keras does not XLA-compile a step that
+    all-reduces across replicas. Also off when op determinism is enabled (not every op has a
+    deterministic XLA kernel; Keras does the same).
     """
     if setting != "auto":
         return {"true": True, "false": False}[str(setting)]
     if tf_config.is_op_determinism_enabled():
         return False
-    if bfloat16_on_cpu(precision):
+    if (precision == "mixed_bfloat16" or fused) and not tf.config.list_logical_devices("GPU"):
         return False
     if strategy.num_replicas_in_sync == 1 and not isinstance(
             strategy, (tf.distribute.TPUStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
@@ -119,19 +128,15 @@ def resolve_jit_compile(setting: str, strategy, precision: str = "float32") -> b
     return "auto"
 
 
-def bfloat16_on_cpu(precision: str) -> bool:
-    return precision == "mixed_bfloat16" and not tf.config.list_logical_devices("GPU")
-
-
-def xla_optimizer(setting: str, strategy, precision: str) -> bool:
-    """Whether the optimizer's update alone is XLA-compiled: where "auto" leaves the step
-    outside XLA for bfloat16 on a CPU (`resolve_jit_compile`), on one replica. The update is a
-    chain of elementwise passes over every weight and its two moments: outside XLA each is its
-    own TensorFlow op (BERT-small: ~0.1 s a step on 2 cores), compiled they fuse (~0.05 s).
+def xla_optimizer(setting: str, strategy, precision: str, fused: bool = False) -> bool:
+    """Whether the optimizer's update (and the gradient norm) alone is XLA-compiled: where
+    "auto" leaves the step outside XLA on one replica (`resolve_jit_compile`). The update is
+    a chain of elementwise passes over every weight and its two moments: outside XLA each is
+    its own TensorFlow op (BERT-small: ~0.1 s a step on 2 cores), compiled they fuse (~0.05 s).
     """
-    return (setting == "auto" and bfloat16_on_cpu(precision)
-            and not tf_config.is_op_determinism_enabled()
-            and strategy.num_replicas_in_sync == 1)
+    return (setting == "auto" and strategy.num_replicas_in_sync == 1
+            and resolve_jit_compile(setting, strategy, precision, fused) is False
+            and not tf_config.is_op_determinism_enabled())
 
 
 def nsp_weight(config) -> float:
@@ -152,6 +157,7 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     replica's sum of weights instead, which is the same on one device only.)
     """
     strategy, precision = tf.distribute.get_strategy(), model.dtype_policy.name
+    fused = bool(getattr(model, "_fused_kernels", False))
     losses = {models.pretraining.MLM_OUTPUT: keras.losses.SparseCategoricalCrossentropy(
                   from_logits=True, reduction="sum_over_batch_size", name="mlm_loss"),
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
@@ -161,9 +167,9 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     model.compile(optimizer=optimizer, loss=losses, weighted_metrics=metrics,
                   loss_weights={models.pretraining.MLM_OUTPUT: 1.0,
                                 models.pretraining.NSP_OUTPUT: float(nsp_weight)},
-                  jit_compile=resolve_jit_compile(jit_compile, strategy, precision),
+                  jit_compile=resolve_jit_compile(jit_compile, strategy, precision, fused),
                   steps_per_execution=steps_per_execution)
-    PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision))
+    PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision, fused))
 
 
 def normalize_mlm_weights(x, y, sample_weight):
@@ -223,7 +229,8 @@ class PretrainingStep:
         from keras.src.trainers.data_adapters import data_adapter_utils
 
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
+        kernels = fused.training_kernels(model, getattr(model, "_fused_kernels", False))
+        with tf.GradientTape() as tape, kernels:
             y_pred = model(x, training=True)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                        training=True)
@@ -240,7 +247,8 @@ class PretrainingStep:
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
             for i, g in zip(present, reduced):
                 grads[i] = g
-        grad_norm = PretrainingStep.update_norm(model.optimizer, grads, variables)
+        grad_norm = PretrainingStep.update_norm(model.optimizer, grads, variables,
+                                                compiled=getattr(model, "_xla_optimizer", False))
         PretrainingStep.apply_function(model, variables)(grads)
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         logs["grad_norm"] = grad_norm
@@ -280,8 +288,10 @@ class PretrainingStep:
         return {k: tf.reshape(v, [1]) for k, v in logs.items()}
 
     @staticmethod
-    def update_norm(optimizer, grads, variables):
-        """Global norm of the (unscaled, accumulated) gradient the optimizer is about to see."""
+    def update_norm(optimizer, grads, variables, compiled=False):
+        """Global norm of the (unscaled, accumulated) gradient the optimizer is about to see;
+        `compiled`: as one XLA function where nothing is scaled or accumulated (the sums of
+        squares fuse into one pass over each gradient)."""
         scale = None
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             scale = optimizer.dynamic_scale
@@ -289,6 +299,9 @@ class PretrainingStep:
         elif optimizer.loss_scale_factor:
             scale = optimizer.loss_scale_factor
         accum = optimizer.gradient_accumulation_steps
+        if compiled and scale is None and not accum:
+            present = [g for g in grads if g is not None]
+            return _compiled_norm(present) if present else tf.constant(0.0)
         squares = []
         for g, v in zip(grads, variables):
             if g is None:
@@ -301,6 +314,11 @@ class PretrainingStep:
                 g = (g + tf.cast(stored, tf.float32)) / accum
             squares.append(tf.reduce_sum(tf.square(g)))
         return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _compiled_norm(grads):
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]))
 
 
 def flops_per_token(config: Config, vocabulary_size: int) -> float:
