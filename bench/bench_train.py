@@ -9,11 +9,12 @@ the speed does not depend on the text) fed from memory.
 
 - ours: the pretrain stage's building blocks (pipeline/stages/pretrain.py: build_model,
   build_optimizer, compile_model with our train step, gradient clipping), `model.fit` on a
-  repeated tf.data batch; MLM logits on the masked positions only; XLA as the pipeline
-  decides by default (`train.jit_compile=auto`: on for float32 on one replica, off for
-  mixed_bfloat16 on a CPU, whose optimizer update alone is then XLA-compiled), and in
-  float32 also with XLA off (on BERT-small the faster of the two on some CPUs); `--jit
-  false` for the plain graph everywhere. Our float32 figure is the faster of the two.
+  repeated tf.data batch; MLM logits on the masked positions only; the pipeline's defaults
+  (`train.fused_kernels=true`: models/fused.py's GELU, LayerNorm and attention projections;
+  `train.jit_compile=auto`: on a CPU the step outside XLA, its optimizer update and gradient
+  norm XLA-compiled), and in float32 also with `train.fused_kernels=false` (Keras' own ops:
+  then `auto` XLA-compiles the whole float32 step, the default before models/fused.py);
+  `--jit false` for the plain graph everywhere. Our float32 figure is the default step.
 - transformers, same work (the headline peer): transformers' `BertModel` + `BertPreTrainingHeads`
   with the masked positions gathered before the MLM head, as ours and Google's do; eager, and
   under `torch.compile` (the faster of the two is compared with); torch.optim.AdamW, clipping.
@@ -29,8 +30,8 @@ NSP; training = 3 × forward) / the matmul peak of the same dtype. The contender
 (ours, theirs, ours bf16, per model) and each is timed over `--steps` steps after
 `--warmup` untimed ones; `--repeat N` runs N such rounds and keeps each contender's best,
 printing the spread (best/worst - 1): the noise on a shared machine is about 10%.
-bf16/fp32 is our mixed_bfloat16 tokens/s over our faster float32 step (and, on its own line,
-over the default float32 step). `--curve-steps 200` then trains BERT-small 200 steps in
+bf16/fp32 is our mixed_bfloat16 tokens/s over our default float32 step (and, on its own
+line, over the fused-kernels-off one). `--curve-steps 200` then trains BERT-small 200 steps in
 float32 and in mixed_bfloat16 from the same weights on the same learnable synthetic
 batches (each id follows its predecessor by a fixed random map 3 times in 4) and prints both
 loss curves, means over 20 steps, and their largest difference (tolerance 0.05 nats).
@@ -102,7 +103,8 @@ def masked(ids, rng) -> dict:
     return dict(ids=ids_masked, segments=segments, positions=positions, labels=labels, nsp=nsp)
 
 
-def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto", batches=None):
+def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto", batches=None,
+               overrides=()):
     import keras
     import tensorflow as tf
 
@@ -114,7 +116,8 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto", bat
         f"model.preset={preset}", "model.dropout=0.1", f"train.batch_size={batch}",
         f"train.steps={warmup + steps}", "train.warmup_steps=1", "train.learning_rate=0.0001",
         f"train.precision={precision}", f"train.jit_compile={jit}",
-        f"data.max_seq_length={SEQ}", f"data.max_predictions_per_seq={PREDICTIONS}"])
+        f"data.max_seq_length={SEQ}", f"data.max_predictions_per_seq={PREDICTIONS}",
+        *overrides])
     keras.utils.set_random_seed(0)
     model = pretrainer.build_model(config, VOCAB)
     optimizer = pretrainer.build_optimizer(config.train)
@@ -145,9 +148,11 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto", bat
     elapsed = times[-1] - times[warmup - 1]
     loss = float(np.ravel(model.get_metrics_result()["loss"])[0])
     return {"losses": losses, "tokens_per_second": steps * batch * SEQ / elapsed,
+            "step_seconds": np.diff(times[warmup - 1:]),
             "seconds_per_step": elapsed / steps, "loss": loss, "parameters": model.count_params(),
             "note": f"XLA {'on' if model.jit_compile else 'off'}"
-                    + (", update in XLA" if getattr(model, "_xla_optimizer", False) else "")}
+                    + (", update in XLA" if getattr(model, "_xla_optimizer", False) else "")
+                    + (", fused kernels" if getattr(model, "_fused_kernels", False) else "")}
 
 
 def _hf_config(preset):
@@ -281,9 +286,9 @@ def main(argv=None) -> dict:
         row = {"flops_per_token": per_token}
         contenders = [("ours", "ours float32",
                        lambda: bench_ours(preset, data, args.steps, args.warmup, jit=args.jit))]
-        if args.jit == "auto":  # XLA on by default for float32; the step without it too
-            contenders.append(("ours_nojit", "ours float32, XLA off", lambda: bench_ours(
-                preset, data, args.steps, args.warmup, jit="false")))
+        if args.jit == "auto":  # the step before models/fused.py: Keras' ops, XLA on a CPU
+            contenders.append(("ours_keras", "ours float32, fused kernels off", lambda: bench_ours(
+                preset, data, args.steps, args.warmup, overrides=["train.fused_kernels=false"])))
         if not missing:
             for key, variant in TRANSFORMERS_VARIANTS:
                 if variant == "same_work_compiled" and not args.compile:
@@ -313,9 +318,8 @@ def main(argv=None) -> dict:
         same = [row[k] for k in ("transformers_same", "transformers_same_compiled") if k in row]
         if same:
             row["transformers"] = max(same, key=lambda r: r["tokens_per_second"])
-        # Ours in float32: the faster of XLA on (the default) and off.
-        row["ours_fp32"] = max((row[k] for k in ("ours", "ours_nojit") if k in row),
-                               key=lambda r: r["tokens_per_second"])
+        # Ours in float32: the pipeline's default step.
+        row["ours_fp32"] = row["ours"]
         results[preset] = row
 
     # The peak again after the models (the machine's load changes): the higher one counts.
@@ -330,7 +334,7 @@ def main(argv=None) -> dict:
     for preset, row in results.items():
         theirs = row.get("transformers", {}).get("tokens_per_second")
         for name, key, dtype in (("ours float32", "ours", "float32"),
-                                 ("ours float32, XLA off", "ours_nojit", "float32"),
+                                 ("ours float32, fused kernels off", "ours_keras", "float32"),
                                  ("transformers same work", "transformers_same", "float32"),
                                  ("transformers same work, compiled", "transformers_same_compiled",
                                   "float32"),
@@ -351,9 +355,10 @@ def main(argv=None) -> dict:
         if "ours_bf16" in row and bf16_units:
             bf16 = row["ours_bf16"]["tokens_per_second"]
             print(f"bench-train: {preset} bf16/fp32 "
-                  f"{bf16 / row['ours_fp32']['tokens_per_second']:.2f} against our faster "
-                  f"float32 step, {bf16 / row['ours']['tokens_per_second']:.2f} against the "
-                  f"default (train.jit_compile={args.jit})", flush=True)
+                  f"{bf16 / row['ours_fp32']['tokens_per_second']:.2f} against our default "
+                  f"float32 step" + (f", {bf16 / row['ours_keras']['tokens_per_second']:.2f} "
+                                     "against the one with train.fused_kernels=false"
+                                     if "ours_keras" in row else ""), flush=True)
     if not bf16_units and args.bf16:
         print("bench-train: bf16/fp32 n/a: this CPU has no bfloat16 units (no avx512_bf16 or "
               "amx_bf16 flag); bfloat16 is emulated in float32 here", flush=True)
