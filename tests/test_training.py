@@ -362,11 +362,12 @@ def test_jit_compile_auto_is_xla_for_one_replica_only():
     assert pretrainer.xla_optimizer("auto", one_device, "float32") is False
     assert pretrainer.xla_optimizer("auto", Replicas(2), "mixed_bfloat16") is False
     # With the fused kernels (train.fused_kernels, the default): float32 on a CPU as well.
-    assert pretrainer.resolve_jit_compile("auto", one_device, "float32", fused=True) is False
-    assert pretrainer.resolve_jit_compile("true", one_device, "float32", fused=True) is True
-    assert pretrainer.xla_optimizer("auto", one_device, "float32", fused=True) is True
-    assert pretrainer.xla_optimizer("auto", Replicas(2), "float32", fused=True) is False
-    assert pretrainer.resolve_jit_compile("auto", Replicas(2), "float32", fused=True) is False
+    fused = dict(fused_kernels=True)
+    assert pretrainer.resolve_jit_compile("auto", one_device, "float32", **fused) is False
+    assert pretrainer.resolve_jit_compile("true", one_device, "float32", **fused) is True
+    assert pretrainer.xla_optimizer("auto", one_device, "float32", **fused) is True
+    assert pretrainer.xla_optimizer("auto", Replicas(2), "float32", **fused) is False
+    assert pretrainer.resolve_jit_compile("auto", Replicas(2), "float32", **fused) is False
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])

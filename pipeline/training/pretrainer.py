@@ -96,12 +96,12 @@ def learning_rate_schedule(optimizer) -> WarmupPolynomialDecay | None:
 
 
 def resolve_jit_compile(setting: str, strategy, precision: str = "float32",
-                        fused: bool = False) -> bool | str:
+                        fused_kernels: bool = False) -> bool | str:
     """`train.jit_compile` for this strategy: "true" / "false" as said; "auto" is XLA on for
     a single replica (one CPU or one GPU) and Keras' own choice ("auto") otherwise, except on
-    a machine without GPUs for "mixed_bfloat16" or with the fused kernels (`fused`:
-    train.fused_kernels, models/fused.py), where it is off and only the update is compiled
-    (`xla_optimizer`).
+    a machine without GPUs for "mixed_bfloat16" or with the fused kernels
+    (`fused_kernels`: train.fused_kernels, models/fused.py), where it is off and only the
+    update is compiled (`xla_optimizer`).
 
     Keras' "auto" turns XLA off on every CPU-only machine and under any tf.distribute
     strategy, one-device included. Without the fused kernels the XLA-compiled float32 step is
@@ -120,7 +120,8 @@ def resolve_jit_compile(setting: str, strategy, precision: str = "float32",
         return {"true": True, "false": False}[str(setting)]
     if tf_config.is_op_determinism_enabled():
         return False
-    if (precision == "mixed_bfloat16" or fused) and not tf.config.list_logical_devices("GPU"):
+    if ((precision == "mixed_bfloat16" or fused_kernels)
+            and not tf.config.list_logical_devices("GPU")):
         return False
     if strategy.num_replicas_in_sync == 1 and not isinstance(
             strategy, (tf.distribute.TPUStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
@@ -128,14 +129,14 @@ def resolve_jit_compile(setting: str, strategy, precision: str = "float32",
     return "auto"
 
 
-def xla_optimizer(setting: str, strategy, precision: str, fused: bool = False) -> bool:
+def xla_optimizer(setting: str, strategy, precision: str, fused_kernels: bool = False) -> bool:
     """Whether the optimizer's update (and the gradient norm) alone is XLA-compiled: where
     "auto" leaves the step outside XLA on one replica (`resolve_jit_compile`). The update is
     a chain of elementwise passes over every weight and its two moments: outside XLA each is
     its own TensorFlow op (BERT-small: ~0.1 s a step on 2 cores), compiled they fuse (~0.05 s).
     """
     return (setting == "auto" and strategy.num_replicas_in_sync == 1
-            and resolve_jit_compile(setting, strategy, precision, fused) is False
+            and resolve_jit_compile(setting, strategy, precision, fused_kernels) is False
             and not tf_config.is_op_determinism_enabled())
 
 
@@ -157,7 +158,7 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     replica's sum of weights instead, which is the same on one device only.)
     """
     strategy, precision = tf.distribute.get_strategy(), model.dtype_policy.name
-    fused = bool(getattr(model, "_fused_kernels", False))
+    fused_kernels = bool(getattr(model, "_fused_kernels", False))
     losses = {models.pretraining.MLM_OUTPUT: keras.losses.SparseCategoricalCrossentropy(
                   from_logits=True, reduction="sum_over_batch_size", name="mlm_loss"),
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
@@ -167,9 +168,11 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     model.compile(optimizer=optimizer, loss=losses, weighted_metrics=metrics,
                   loss_weights={models.pretraining.MLM_OUTPUT: 1.0,
                                 models.pretraining.NSP_OUTPUT: float(nsp_weight)},
-                  jit_compile=resolve_jit_compile(jit_compile, strategy, precision, fused),
+                  jit_compile=resolve_jit_compile(jit_compile, strategy, precision,
+                                                      fused_kernels),
                   steps_per_execution=steps_per_execution)
-    PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision, fused))
+    PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision,
+                                                 fused_kernels))
 
 
 def normalize_mlm_weights(x, y, sample_weight):
