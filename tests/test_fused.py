@@ -70,6 +70,40 @@ def test_tied_logits_match_a_matmul_with_the_transposed_table():
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype, atol", [("float32", 2e-5), ("bfloat16", 3e-2)])
+def test_crossentropy_matches_keras_and_runs_fused_only_while_active(dtype, atol, monkeypatch):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    loss.fn = fused.sparse_categorical_crossentropy  # as pretrainer.compile_model sets it
+    labels = tf.constant(np.random.default_rng(0).integers(0, 300, (6, 5)))
+    logits = tf.cast(tf.random.stateless_normal((6, 5, 300), (15, 16)) * 4.0, dtype)
+    calls = []
+    kernel = fused.sparse_crossentropy
+    monkeypatch.setattr(fused, "sparse_crossentropy", lambda *a: calls.append(1) or kernel(*a))
+    compare(lambda z: loss(labels, z), [logits], atol=atol)
+    assert len(calls) == 1  # traced once, inside training_kernels() only
+    assert keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None).get_config() == (
+        loss.get_config())  # saves as Keras' own loss
+
+
+def test_argmax_and_accuracy_match_keras_on_zeros_denormals_and_nans():
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(7, 3, 50)).astype("float32")
+    scores[0, 0] = -np.abs(scores[0, 0]); scores[0, 0, [4, 9]] = [-0.0, 0.0]  # max ±0: tie
+    scores[1, 1] = -np.abs(scores[1, 1]); scores[1, 1, 3] = -0.0  # max -0.0 only
+    scores[2, 2] = -np.abs(scores[2, 2]); scores[2, 2, [5, 6]] = [-1e-40, 1e-41]  # denormals
+    scores[3, 0, 7] = np.nan
+    scores[4, 1, 0] = np.nan  # NaN first
+    for x in (scores, scores[5:], np.where(np.isnan(scores), 0, scores).astype("bfloat16")):
+        x = tf.constant(x)
+        expected = keras.ops.argmax(x, axis=-1)
+        np.testing.assert_array_equal(fused.argmax(x), expected)
+        np.testing.assert_array_equal(tf.function(fused.argmax)(x), expected)
+        labels = tf.constant(np.asarray(expected) * (rng.random(expected.shape) < 0.5))
+        np.testing.assert_array_equal(fused.sparse_categorical_accuracy(labels, x),
+                                      keras.metrics.sparse_categorical_accuracy(labels, x))
+
+
 def test_training_kernels_switch_the_layers_only_while_active():
     def build():
         keras.utils.set_random_seed(0)

@@ -373,10 +373,11 @@ def test_jit_compile_auto_is_xla_for_one_replica_only():
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
 def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, precision):
     """50 updates of the optimised step (our tied MLM head, in the compute dtype; the fused
-    GELU and LayerNorm kernels and 2-D attention projections of models/fused.py; on a CPU the
-    step outside XLA and the update and gradient norm inside) against the reference
-    (keras-hub's MaskedLMHead, Keras' own layers and plain update, no XLA) from the same
-    weights on the same batches: the same losses and weights within float rounding."""
+    GELU, LayerNorm and MLM cross-entropy kernels and 2-D attention projections of
+    models/fused.py; on a CPU the step outside XLA and the update and gradient norm inside)
+    against the reference (keras-hub's MaskedLMHead, Keras' own layers and plain update, no
+    XLA) from the same weights on the same batches: the same losses and weights within float
+    rounding."""
     import keras_hub
 
     vocabulary_size = write_pretraining_data(tmp_path / "run", train_files=1,
@@ -386,14 +387,15 @@ def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, 
                          "train.jit_compile=auto")
     batches = ordered_batches(tmp_path / "run", 8)
     traced = []  # the fused kernels the train steps trace (models/fused.py)
-    for name in ("gelu", "layer_norm", "tied_logits"):
+    kernels = {"gelu", "layer_norm", "tied_logits", "sparse_crossentropy"}
+    for name in kernels:
         original = getattr(fused, name)
         monkeypatch.setattr(fused, name, functools.partial(
             lambda original, name, *a, **k: traced.append(name) or original(*a, **k),
             original, name))
     optimised, history_o = fit_blocks(config, vocabulary_size, batches, 50)
     assert optimised._fused_kernels and optimised._xla_optimizer and not optimised.jit_compile
-    assert set(traced) == {"gelu", "layer_norm", "tied_logits"}
+    assert set(traced) == kernels
     # Keras' own classes again once the step is traced (what checkpoints save).
     assert type(optimised.backbone.embeddings_layer_norm) is keras.layers.LayerNormalization
     traced.clear()

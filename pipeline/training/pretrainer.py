@@ -159,8 +159,10 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     """
     strategy, precision = tf.distribute.get_strategy(), model.dtype_policy.name
     fused_kernels = bool(getattr(model, "_fused_kernels", False))
-    losses = {models.pretraining.MLM_OUTPUT: keras.losses.SparseCategoricalCrossentropy(
-                  from_logits=True, reduction="sum_over_batch_size", name="mlm_loss"),
+    mlm_loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="sum_over_batch_size", name="mlm_loss")
+    mlm_loss.fn = fused.sparse_categorical_crossentropy  # fused in the train step only
+    losses = {models.pretraining.MLM_OUTPUT: mlm_loss,
               models.pretraining.NSP_OUTPUT: models.pretraining.nsp_loss()}
     metrics = models.pretraining.pretraining_metrics()
     if not nsp_weight:
