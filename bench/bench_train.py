@@ -57,6 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+import pipeline  # noqa: E402,F401  (before TensorFlow loads: its oneDNN switch, as training's)
+
 VOCAB, SEQ, PREDICTIONS, BATCH = 30522, 128, 20, 32
 
 
@@ -257,7 +259,7 @@ def main(argv=None) -> dict:
 
     from models import presets
     from models.flops import training_flops_per_token
-    from pipeline.training.mfu import measure_peak_flops
+    from pipeline.training.mfu import measure_peak_flops, onednn_enabled
 
     flags = cpu_flags()
     bf16_units = bool({"avx512_bf16", "amx_bf16"} & flags)
@@ -267,7 +269,8 @@ def main(argv=None) -> dict:
     missing = transformers_missing() if args.transformers else "skipped (--no-transformers)"
     if missing:
         print(f"bench-train: transformers: {missing}; reporting ours alone", flush=True)
-    print(f"bench-train: {os.cpu_count()} CPUs, TensorFlow {tf.__version__}; seq {SEQ}, batch "
+    print(f"bench-train: {os.cpu_count()} CPUs, TensorFlow {tf.__version__} (oneDNN "
+          f"{'on' if onednn_enabled() else 'off'}); seq {SEQ}, batch "
           f"{args.batch}, {PREDICTIONS} masked positions, vocab {VOCAB}, {args.steps} timed steps",
           flush=True)
     peaks = {"float32": measure_peak_flops(args.peak_seconds, tf.float32)}

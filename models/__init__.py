@@ -9,6 +9,11 @@ tokenizer) imports without Keras or TensorFlow.
 """
 
 import importlib
+import os
+
+# oneDNN's CPU kernels on every x86 CPU, not only those TensorFlow picks (pipeline/__init__.py
+# says why); read when TensorFlow loads. TF_ENABLE_ONEDNN_OPTS=0 in the environment keeps Eigen.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 _EXPORTS = {
     "BertEncoder": "models.bert",

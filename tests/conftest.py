@@ -9,6 +9,8 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import pipeline  # noqa: E402,F401  (before a test module loads TensorFlow: oneDNN on, as users)
+
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree "
          "river hill road quickly slowly saw heard found kept old new happy sad garden window "
          "morning evening children teacher farmer city village letter story music").split()

@@ -466,6 +466,23 @@ def test_gpu_bench_runs_tiny_without_tensorflow():
     assert lines[-1].startswith("gpu-bench: ") and " seq/s mfu " in lines[-1]
 
 
+def test_pipeline_turns_onednn_on_before_tensorflow_loads():
+    """TensorFlow picks oneDNN itself only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX (Eigen
+    on AVX2-only ones, ~1.4x slower at BERT's matmuls): importing `pipeline` or `models`
+    first turns it on everywhere, and TF_ENABLE_ONEDNN_OPTS=0 keeps the user's choice."""
+    code = ("import sys; import {} ; import tensorflow\n"
+            "from pipeline.training.mfu import onednn_enabled; print(onednn_enabled())")
+    for module, setting, expected in (("pipeline", None, "True"), ("models", None, "True"),
+                                      ("pipeline", "0", "False")):
+        env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+        if setting is not None:
+            env["TF_ENABLE_ONEDNN_OPTS"] = setting
+        result = subprocess.run([sys.executable, "-c", code.format(module)], cwd=PROJECT,
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split()[-1] == expected, (module, setting, result.stdout)
+
+
 def _importable(module: str) -> bool:
     import importlib.util
 

@@ -50,7 +50,7 @@ from pipeline.tracking import runs as tracking
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.checkpoints import latest_checkpoint
 from pipeline.training.loop import train_phase
-from pipeline.training.mfu import PEAK_DTYPES, measure_peak_flops
+from pipeline.training.mfu import PEAK_DTYPES, measure_peak_flops, onednn_enabled
 from pipeline.training.phases import phase_run, plan_phases
 from pipeline.training.pretrainer import PretrainError
 from pipeline.training.records import check_inputs
@@ -84,7 +84,8 @@ def run(config: Config, log=print) -> dict:
     if tc.peak_flops_seconds:
         peak = measure_peak_flops(tc.peak_flops_seconds, PEAK_DTYPES[tc.precision])
         log(f"pretrain: peak {peak / 1e9:,.0f} GFLOP/s per replica "
-            f"({tc.precision.replace('mixed_', '')} matmul, {tc.peak_flops_seconds:g} s)")
+            f"({tc.precision.replace('mixed_', '')} matmul, {tc.peak_flops_seconds:g} s, "
+            f"oneDNN {'on' if onednn_enabled() else 'off'})")
         peak *= strategy.num_replicas_in_sync
 
     previous = None  # where the next phase starts from: weights (a list), or a checkpoint path
