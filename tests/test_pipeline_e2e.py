@@ -59,6 +59,7 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
     pretrain_run = next(r for r in children if r.data.tags["pipeline.stage"] == "pretrain")
     assert pretrain_run.data.params["train.steps"] == "6"
+    assert pretrain_run.data.params["train.onednn"] == "True"  # pipeline/__init__.py
     history = client.get_metric_history(pretrain_run.info.run_id, "loss")
     assert [m.step for m in history] == [2, 4, 6]
     probes = client.get_metric_history(pretrain_run.info.run_id, "heldout_mlm_accuracy")

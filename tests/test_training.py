@@ -309,7 +309,8 @@ def test_stage_logs_throughput_grad_norm_and_mfu(tmp_path, monkeypatch):
     result = pretrain.run(tiny_config(tmp_path / "run", "train.steps=2", "train.warmup_steps=1",
                                       "train.grad_accum_steps=2", "train.peak_flops_seconds=0.2",
                                       "train.optimizer=lamb"), log=lines.append)
-    assert any(line.startswith("pretrain: peak ") and "GFLOP/s" in line for line in lines)
+    assert any(line.startswith("pretrain: peak ") and "GFLOP/s" in line
+               and line.endswith("oneDNN on)") for line in lines)  # on: tests/conftest.py
     assert any("batch 8 × 2 accumulated" in line for line in lines)
     assert [step for step, _ in result["history"]] == [1, 2]
     for _, metrics in result["history"]:

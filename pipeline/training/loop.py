@@ -34,6 +34,7 @@ from pipeline.training.checkpoints import (
     start_from_previous_phase,
     weights_digest,
 )
+from pipeline.training.mfu import onednn_enabled
 from pipeline.training.phases import Phase
 from pipeline.training.pretrainer import (
     PretrainError,
@@ -92,7 +93,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         tracking.log_params({"model.parameters": params,
                              "train.replicas": strategy.num_replicas_in_sync,
                              "train.effective_batch": tc.batch_size * tc.grad_accum_steps,
-                             "train.flops_per_token": per_token, "train.peak_flops": peak})
+                             "train.flops_per_token": per_token, "train.peak_flops": peak,
+                             "train.onednn": onednn_enabled()})
         mlflow.set_tag("train.resumed_from_step", str(start_step))
         if start_step:
             mlflow.log_metric("resumed_from_step", start_step, step=start_step)
