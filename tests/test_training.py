@@ -375,7 +375,8 @@ def test_jit_compile_auto_is_xla_for_one_replica_only():
 def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, precision):
     """50 updates of the optimised step (our tied MLM head, in the compute dtype; the fused
     GELU, LayerNorm and MLM cross-entropy kernels and 2-D attention projections of
-    models/fused.py; on a CPU the step outside XLA and the update and gradient norm inside)
+    models/fused.py; on a CPU the step outside XLA and the update and gradient norm inside;
+    dropout 0.1, the same masks in both)
     against the reference (keras-hub's MaskedLMHead, Keras' own layers and plain update, no
     XLA) from the same weights on the same batches: the same losses and weights within float
     rounding."""
@@ -385,7 +386,7 @@ def test_the_optimised_step_trains_as_the_reference_step(tmp_path, monkeypatch, 
                                              records_per_file=64)
     config = tiny_config(tmp_path / "run", "train.steps=50", "train.warmup_steps=5",
                          "train.log_every=1", f"train.precision={precision}",
-                         "train.jit_compile=auto")
+                         "train.jit_compile=auto", "model.dropout=0.1")  # the same masks
     batches = ordered_batches(tmp_path / "run", 8)
     traced = []  # the fused kernels the train steps trace (models/fused.py)
     kernels = {"gelu", "layer_norm", "tied_logits", "sparse_crossentropy"}
