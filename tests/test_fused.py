@@ -63,6 +63,21 @@ def test_attention_projections_match_keras():
     compare(lambda x: attention(x, x), [x], attention.trainable_weights)
 
 
+@pytest.mark.parametrize("dtype, atol", [("float32", 2e-5), ("mixed_bfloat16", 3e-2)])
+@pytest.mark.parametrize("units, features", [(8, 48), (48, 8), (16, 16)])
+def test_dense_matches_keras_both_kernel_gradient_orders(dtype, atol, units, features):
+    """More rows than columns takes the transposed kernel gradient, the others Keras' order;
+    a 3-D input (batch, tokens, features) and a GELU activation as the FFN has."""
+    layer = keras.layers.Dense(units, activation=gelu_approximate, dtype=dtype)
+    layer.build((3, 5, features))
+    layer.bias.assign(np.linspace(-0.3, 0.3, units))
+    assert fused.adopt(layer) == [layer] and type(layer) is fused.FusedDense
+    x = tf.cast(tf.random.stateless_normal((3, 5, features), (11, 12)), layer.compute_dtype)
+    compare(layer, [x], layer.trainable_weights, atol=atol)
+    fused.release([layer])
+    assert type(layer) is keras.layers.Dense
+
+
 def test_tied_logits_match_a_matmul_with_the_transposed_table():
     table = tf.random.stateless_normal((50, 16), (11, 12))
     x = tf.random.stateless_normal((12, 16), (13, 14))
@@ -127,7 +142,9 @@ def test_training_kernels_switch_the_layers_only_while_active():
                  if type(la) is fused.FusedLayerNormalization]
         projections = [la for la in model._flatten_layers()
                        if type(la) is fused.FusedEinsumDense]
+        denses = [la for la in model._flatten_layers() if type(la) is fused.FusedDense]
         assert len(norms) == 2 * 2 + 1 and len(projections) == 2 * 4  # per layer; embeddings
+        assert len(denses) == 2 * 2 + 1  # the FFN's two per layer; the pooler
         with fused.training_kernels(model):  # nested (a replica thread each): still switched
             pass
         assert type(norms[0]) is fused.FusedLayerNormalization
