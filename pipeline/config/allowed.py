@@ -38,6 +38,13 @@ CHOICES = {
     "distill.hidden_match": ("cls", "layers"),
 }
 
+# finetune.* keys that are pretraining's train.* knobs (pipeline/finetuning/runtime.py): the same
+# choices and ranges, taken from the train.* entries (finetune.checkpoint_every: its own, below).
+TRAIN_KNOBS_IN_FINETUNE = ("grad_accum_steps", "precision", "jit_compile", "steps_per_execution",
+                           "keep_checkpoints")
+CHOICES.update({f"finetune.{key}": CHOICES[f"train.{key}"] for key in TRAIN_KNOBS_IN_FINETUNE
+                if f"train.{key}" in CHOICES})
+
 # (key, lowest allowed, highest allowed, inclusive low?)
 RANGES = [
     ("tracking.retry_seconds", 0.0, None, False),
@@ -123,3 +130,6 @@ RANGES = [
     ("distill.warmup_fraction", 0.0, 0.5, True),
     ("distill.weight_decay", 0.0, 1.0, True),
 ]
+RANGES += [(f"finetune.{key[len('train.'):]}", *limits) for key, *limits in RANGES
+           if key[len("train."):] in TRAIN_KNOBS_IN_FINETUNE and key.startswith("train.")]
+RANGES.append(("finetune.checkpoint_every", 0, None, True))  # 0: at each epoch end only

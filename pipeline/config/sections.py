@@ -15,7 +15,6 @@ params; `dump_yaml` writes the exact config a stage used beside its outputs.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -23,11 +22,9 @@ from dataclasses import dataclass, field
 import yaml
 
 from models import presets
-from pipeline.config.allowed import CHOICES
 
-
-class ConfigError(ValueError):
-    """A config file or override holds a value the pipeline cannot use."""
+# The error and the parsing of a section's raw mapping, re-exported (pipeline/config/parse.py).
+from pipeline.config.parse import ConfigError, _build, _coerce  # noqa: F401
 
 
 @dataclass
@@ -324,6 +321,23 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     clipnorm: float = 1.0
     seed: int = 12345
+    # Pretraining's knobs, with train.*'s names, values and meanings (pipeline/finetuning/
+    # runtime.py; the finetune stage only: multitask and distill train without them).
+    # batch_size is one forward/backward pass; an update sees grad_accum_steps of them
+    # (effective batch = batch_size × grad_accum_steps; epochs and max_steps count updates).
+    grad_accum_steps: int = 1
+    # float32 | mixed_bfloat16 | mixed_float16 (with dynamic loss scaling): the encoder
+    # computes in it, variables and the heads' outputs and losses stay float32.
+    precision: str = "float32"
+    # XLA: auto (with a GPU: as train.jit_compile; on a CPU: off, measured for BERT-tiny
+    # classification: XLA_MEASUREMENT) | true | false.
+    jit_compile: str = "auto"
+    steps_per_execution: int = 1  # updates' micro-batches per compiled call (Keras')
+    # A checkpoint every N updates (0: at each epoch end only; always at epoch ends) in
+    # <run_dir>/finetune/.checkpoints/<name>/, the newest keep_checkpoints kept: the same
+    # command run again after a kill resumes there. Removed once the output folder is written.
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
     similarity_scale: float = 20.0  # semantic_search: cosine x scale before the softmax
     baselines: bool = True  # majority class + bag-of-words logistic regression on the test split
     # With baselines: also the same architecture from random initialisation, fine-tuned with the
@@ -394,78 +408,6 @@ class Config:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     multitask: MultitaskConfig = field(default_factory=MultitaskConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
-
-
-def _build(cls, raw, prefix: str, source: str):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: key {prefix.rstrip('.') or '<top>'} must be a mapping, "
-                          f"got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
-        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
-        raise ConfigError(f"{source}: unknown key {prefix}{unknown[0]}{hint}; allowed keys "
-                          f"here: {', '.join(sorted(fields))}")
-    kwargs = {}
-    for name, value in raw.items():
-        key = prefix + name
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, key + ".", source)
-        else:
-            kwargs[name] = _coerce(value, hint, key, source)
-    return cls(**kwargs)
-
-
-def _coerce(value, hint, key: str, source: str):
-    def bad(expected):
-        return ConfigError(f"{source}: key {key} = {value!r} is not {expected}")
-
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad("a boolean (true or false)")
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise bad("an integer")
-        return int(value)
-    if hint is float:
-        if isinstance(value, str):  # YAML reads "1e-4" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad("a number") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("a number")
-        return float(value)
-    if hint is str:
-        if value is None:
-            return ""
-        if isinstance(value, bool) and "true" in CHOICES.get(key, ()):
-            return "true" if value else "false"  # YAML true/false for auto|true|false keys
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise bad("a string")
-        return str(value)
-    if hint == typing.Optional[int]:  # null (None) or an integer, e.g. model.embedding_size
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null",
-                                                                                  "none")):
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise bad("null or an integer")
-        return int(value)
-    if hint == list[dict]:  # e.g. multitask.tasks: a list of mappings, kept as they are
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise bad("a YAML list of mappings, one per entry, e.g. [{key: value}, {key: value}]")
-        return [dict(v) for v in value]
-    if hint is list:
-        if isinstance(value, str):
-            return value.split()
-        if not isinstance(value, list):
-            raise bad("a list")
-        return [str(v) for v in value]
-    raise AssertionError(f"unhandled config type {hint} for {key}")
 
 
 def get(config: Config, key: str):

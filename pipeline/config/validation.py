@@ -88,6 +88,7 @@ def validate(config: Config, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: key train.warmup_steps = {config.train.warmup_steps} is more "
                           f"than train.steps = {config.train.steps}; lower it")
     _validate_finetune(config, source)
+    _validate_steps_per_execution(config.finetune, source, "finetune", ("checkpoint_every",))
     _validate_multitask(config, source)
     _validate_distill(config, source)
     if config.model.init_from:
@@ -116,18 +117,20 @@ def _validate_training_masks(config: Config, source: str) -> None:
                           f"= {min(lengths) - 3}")
 
 
-def _validate_steps_per_execution(tc: TrainConfig, source: str) -> None:
-    """Callbacks see every train.steps_per_execution-th batch only (micro-batches, under
-    gradient accumulation): the updates they act on must fall on those batches."""
+def _validate_steps_per_execution(tc: TrainConfig, source: str, prefix: str = "train",
+                                  keys=("checkpoint_every", "log_every", "heldout_every")) -> None:
+    """Callbacks see every steps_per_execution-th batch only (micro-batches, under gradient
+    accumulation): the updates they act on must fall on those batches. train.* (`tc`), or
+    the same keys of finetune.* (prefix "finetune": its checkpoint_every)."""
     n, accum = tc.steps_per_execution, tc.grad_accum_steps
-    for key in ("checkpoint_every", "log_every", "heldout_every"):
+    for key in keys:
         value = getattr(tc, key)
         if (value * accum) % n:
-            shown = (f"train.{key} × train.grad_accum_steps = {value} × {accum}" if accum > 1
-                     else f"train.{key} = {value}")
-            raise ConfigError(f"{source}: key train.steps_per_execution = {n}: {shown} is not a "
-                              f"multiple of it; make it one (or set train.steps_per_execution "
-                              f"to a divisor, e.g. 1)")
+            shown = (f"{prefix}.{key} × {prefix}.grad_accum_steps = {value} × {accum}"
+                     if accum > 1 else f"{prefix}.{key} = {value}")
+            raise ConfigError(f"{source}: key {prefix}.steps_per_execution = {n}: {shown} is "
+                              f"not a multiple of it; make it one (or set {prefix}."
+                              f"steps_per_execution to a divisor, e.g. 1)")
 
 
 def data_phases(config: Config) -> list[tuple[int, int]]:
