@@ -39,21 +39,47 @@ def label_of(example):
     return example.tags if isinstance(example, TokenExample) else example.label
 
 
+def span(examples: list) -> str:
+    """Where examples come from, for messages: "file:first-last" (lines) when they were read
+    from one file, else the first example's `source`."""
+    paths, lines = set(), []
+    for example in examples:
+        head, _, line = (example.source or "").rpartition(":")
+        paths.add(head)
+        if line.isdigit():
+            lines.append(int(line))
+    if len(paths) == 1 and lines and len(lines) == len(examples) and head:
+        first, last = min(lines), max(lines)
+        return f"{head}:{first}" + (f"-{last}" if last != first else "")
+    return (examples[0].source if examples else "") or "the training data"
+
+
 def label_set(train: list, configured: list | None = None) -> list:
-    """The configured labels, or the sorted distinct labels of the training examples."""
+    """The configured labels, or the sorted distinct labels of the training examples.
+
+    Either way the training examples must hold at least two distinct labels: a label column
+    that is all one class trains a classifier that always answers it. The error names the
+    file, its lines, the label and the key of the column."""
     if configured:
-        if len(set(configured)) != len(configured):
-            raise FinetuneDataError(f"finetune.labels {configured} has duplicates")
-        return [str(x) for x in configured]
+        duplicates = sorted({str(x) for x in configured if configured.count(x) > 1})
+        if duplicates:
+            raise FinetuneDataError(f"finetune.labels {configured} lists {duplicates[0]!r} more "
+                                    f"than once; list each label once")
     seen = set()
     for example in train:
         value = label_of(example)
         seen.update(value if isinstance(value, list) else [value])
     seen.discard(None)
     if len(seen) < 2:
-        raise FinetuneDataError(f"the training data has {len(seen)} distinct label(s) "
-                                f"({sorted(seen)}); a classifier needs at least 2")
-    return sorted(seen)
+        tokens = bool(train) and isinstance(train[0], TokenExample)
+        key = "finetune.conll_label_column" if tokens else "finetune.label_column"
+        what = (f"every training example has label {min(seen)!r}" if seen else
+                "no training example has a label")
+        raise FinetuneDataError(
+            f"{span(train)}: {what} (the column of {key}), but a classifier needs at least 2 "
+            f"distinct labels; check that {key} names the label column, or add examples of "
+            f"the other classes")
+    return [str(x) for x in configured] if configured else sorted(seen)
 
 
 def check_labels(examples: list, labels: list, split: str) -> None:
@@ -61,12 +87,17 @@ def check_labels(examples: list, labels: list, split: str) -> None:
     known = set(labels)
     for example in examples:
         value = label_of(example)
-        for v in value if isinstance(value, list) else [value]:
+        for i, v in enumerate(value if isinstance(value, list) else [value]):
             if v not in known:
+                where = example.source or split
+                head, _, line = where.rpartition(":")
+                if isinstance(value, list) and line.isdigit():  # CoNLL: a word per line
+                    where = f"{head}:{int(line) + i}"
                 raise FinetuneDataError(
-                    f"{example.source or split}: label {v!r} is not in the label set "
-                    f"{labels[:20]}{' ...' if len(labels) > 20 else ''} ({split} split); add it "
-                    f"to finetune.labels or fix the data")
+                    f"{where}: label {v!r} is not in the label set "
+                    f"{labels[:20]}{' ...' if len(labels) > 20 else ''} ({split} split; the "
+                    f"labels are finetune.labels, else those of the training data); add it to "
+                    f"finetune.labels or fix the label")
 
 
 def split_by_group(examples: list, validation_fraction: float, test_fraction: float,
@@ -102,6 +133,18 @@ def split_by_group(examples: list, validation_fraction: float, test_fraction: fl
         assigned["test"] += names[:n_test]
         assigned["validation"] += names[n_test:n_test + n_val]
         assigned["train"] += names[n_test + n_val:]
+    fractions = {"validation": validation_fraction, "test": test_fraction}
+    for split in ("train", "validation", "test"):
+        if assigned[split] or not fractions.get(split, 1.0):
+            continue
+        what = f"{len(examples)} example(s)" + (f" in {len(groups)} groups (documents)"
+                                                 if len(groups) != len(examples) else "")
+        fix = (f"raise finetune.{split}_fraction (now {fractions[split]}) or give "
+               f"finetune.{split}_file" if split != "train" else
+               "lower finetune.validation_fraction / test_fraction")
+        raise FinetuneDataError(
+            f"{span(examples)}: the {split} split cut from these {what} is empty (a label needs "
+            f"3 or more to reach every split); add examples, or {fix}")
     out = {split: [e for g in sorted(names) for e in groups[g]] for split, names in
            assigned.items()}
     record = {"method": "seeded split by group" + (" stratified by label" if stratify else ""),
@@ -190,9 +233,11 @@ def load_task(fc, brown_tarball=None) -> TaskData:
         splits["max_examples"] = fc.max_examples
     for name, split in (("train", train), ("validation", validation), ("test", test)):
         if not split:
-            raise FinetuneDataError(f"the {name} split is empty; give more data or raise "
-                                    f"finetune.{'test' if name == 'test' else 'validation'}"
-                                    f"_fraction")
+            key = "test" if name == "test" else "validation"
+            raise FinetuneDataError(f"{files.get('train', fc.dataset)}: the {name} split is "
+                                    f"empty (finetune.{key}_fraction = "
+                                    f"{getattr(fc, key + '_fraction')}, no finetune.{key}_file); "
+                                    f"raise finetune.{key}_fraction or give finetune.{key}_file")
     labels = None
     if task in ("classification", "token_classification"):
         # Splits cut from one file share its label inventory (a rare tag may fall in test

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import tarfile
 from dataclasses import dataclass, field
@@ -105,9 +106,19 @@ def read_table(path, text_column="text", text_pair_column="", label_column="labe
     """CSV (header row), TSV (header row) or JSONL (one object per line) → TextExamples.
 
     Columns are named by the header / JSON keys. `label_column` may be empty for unlabelled
-    data (prediction). Rows are kept in file order.
+    data (prediction). Rows are kept in file order; blank lines are skipped, and an example's
+    `source` is "file:line" with the line its row starts on (quoted fields may span lines).
+
+    Bad rows are errors naming the file, the line and the column: a column the header (or a
+    JSON object) lacks, a row with no value in a column read (a short CSV row, a JSON null), a
+    CSV/TSV row with more fields than the header (an unquoted delimiter), an empty label, an
+    empty second text of a pair (`text_pair_column`), a file without data rows.
     """
     path = Path(path)
+    if text_pair_column and text_pair_column == text_column:
+        raise FinetuneDataError(
+            f"{path}:1: finetune.text_pair_column = text_column = {text_column!r}, so each pair "
+            f"would be one text twice; set text_pair_column to the column of the second text")
     fmt = fmt or table_format(path)
     if fmt not in ("csv", "tsv", "jsonl"):
         raise FinetuneDataError(f"{path}: cannot tell the format from the extension; use .csv, "
@@ -126,36 +137,83 @@ def read_table(path, text_column="text", text_pair_column="", label_column="labe
                 raise FinetuneDataError(f"{path}:{n}: expected a JSON object per line")
             rows.append((n, row))
     else:
-        reader = csv.DictReader(io.StringIO(text), delimiter="," if fmt == "csv" else "\t")
-        if reader.fieldnames is None:
-            raise FinetuneDataError(f"{path} is empty; expected a header row and data rows")
-        rows = [(n, row) for n, row in enumerate(reader, start=2)]
+        reader = csv.reader(io.StringIO(text), delimiter="," if fmt == "csv" else "\t")
+        header = next(reader, None)
+        if not header:
+            raise FinetuneDataError(f"{path} is empty; expected a header row (line 1) naming the "
+                                    f"columns, then one row per example")
+        end = reader.line_num
+        for values in reader:
+            start, end = end + 1, reader.line_num  # a quoted field may span lines
+            if not any(v.strip() for v in values):
+                continue  # a blank line
+            if len(values) > len(header) and any(v.strip() for v in values[len(header):]):
+                raise FinetuneDataError(
+                    f"{path}:{start}: {len(values)} fields but the header (line 1) names "
+                    f"{len(header)} columns; quote the fields that contain {_delimiter_name(fmt)} "
+                    f"(\"like, this\") or remove the extra fields")
+            values += [None] * (len(header) - len(values))  # a short row: no value there
+            rows.append((start, dict(zip(header, values))))
+    keys = {text_column: "text_column", text_pair_column: "text_pair_column",
+            label_column: "label_column"}
     wanted = [c for c in (text_column, text_pair_column, label_column if require_label else "")
               if c]
-    examples = []
-    for n, row in rows:
-        missing = [c for c in wanted if row.get(c) is None]
+    if fmt != "jsonl":  # the header names the columns once, for every row
+        missing = [c for c in wanted if c not in header]
         if missing:
             raise FinetuneDataError(
-                f"{path}:{n}: no column {missing[0]!r}; the columns are {sorted(row)}. Set "
-                f"finetune.text_column / text_pair_column / label_column to the right names")
+                f"{path}:1: the header has no column {missing[0]!r} (finetune."
+                f"{keys[missing[0]]}); the columns are {header}: set finetune."
+                f"{keys[missing[0]]} to one of them")
+    examples = []
+    for n, row in rows:
+        for c in wanted:
+            if c not in row:  # JSON lines: each object names its keys
+                raise FinetuneDataError(
+                    f"{path}:{n}: no column {c!r} (finetune.{keys[c]}); this line's keys are "
+                    f"{sorted(row)}: add {c!r} or set finetune.{keys[c]} to the right key")
+            if row[c] is None:  # a short CSV row, or a JSON null
+                raise FinetuneDataError(
+                    f"{path}:{n}: no value in column {c!r} (finetune.{keys[c]}); fill it in or "
+                    f"remove the line")
         label = row.get(label_column) if label_column else None
         if label is not None:
-            label = _parse_float(label, path, n) if regression else str(label).strip()
+            label = _parse_float(label, path, n, label_column) if regression else \
+                str(label).strip()
+            if label == "":
+                raise FinetuneDataError(
+                    f"{path}:{n}: the label in column {label_column!r} (finetune.label_column) "
+                    f"is empty; give this row its label or remove it")
+        if text_pair_column and not str(row[text_pair_column]).strip():
+            raise FinetuneDataError(
+                f"{path}:{n}: column {text_pair_column!r} (finetune.text_pair_column) is empty, "
+                f"but a pair task needs both texts; fill it in or remove the line")
         examples.append(TextExample(
             text=str(row[text_column]), label=label, source=f"{path}:{n}", group=f"{path}:{n}",
             text_pair=str(row[text_pair_column]) if text_pair_column else None))
     if not examples:
-        raise FinetuneDataError(f"{path} has no examples")
+        raise FinetuneDataError(
+            f"{path}:1: no examples " + ("after the header" if fmt != "jsonl" else
+                                         "(only blank lines)") +
+            ", so this split would be empty; add labelled rows, or leave finetune."
+            "validation_file / test_file empty to split them off finetune.train_file")
     return examples
 
 
-def _parse_float(value, path, line) -> float:
+def _delimiter_name(fmt: str) -> str:
+    return "a tab" if fmt == "tsv" else "a comma"
+
+
+def _parse_float(value, path, line, column="label") -> float:
     try:
-        return float(value)
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        raise ValueError(value)  # nan / inf: no correlation can be computed with them
     except (TypeError, ValueError):
-        raise FinetuneDataError(f"{path}:{line}: label {value!r} is not a number, but the task "
-                                f"is regression") from None
+        raise FinetuneDataError(f"{path}:{line}: label {value!r} in column {column!r} is not a "
+                                f"number, but the task is regression; fix the value or point "
+                                f"finetune.label_column at the scores") from None
 
 
 def read_conll(path, word_column: int = 0, label_column: int = -1) -> list:
@@ -184,33 +242,81 @@ def read_conll(path, word_column: int = 0, label_column: int = -1) -> list:
 
 
 def read_squad(path) -> list:
-    """SQuAD v1.1 / v2.0 JSON → QAExamples (v2's `is_impossible` questions have no answers)."""
+    """SQuAD v1.1 / v2.0 JSON → QAExamples (v2's `is_impossible` questions have no answers).
+
+    Every answer must stand in its context where it says, SQuAD's own rule:
+    `context[answer_start:answer_start + len(text)] == text`. One that does not is an error,
+    not a skipped question (the official SQuAD files are clean; an answer off by a few
+    characters means the file was edited or built wrongly, and training on the wrong span
+    would teach the wrong thing silently). Errors name the file, the line and id of the
+    question and the key (`answers[i].answer_start`, `context`, ...).
+    """
     path = Path(path)
+    raw = _read_text(path)
     try:
-        data = json.loads(_read_text(path))["data"]
+        data = json.loads(raw)["data"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise FinetuneDataError(f"{path}: not SQuAD JSON ({{'data': [{{'paragraphs': ...}}]}}): "
                                 f"{err}") from err
+
+    def field(obj, key, where, kind=None, qid=None):
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if value is None or (kind is not None and not isinstance(value, kind)):
+            at = f"question {qid!r}" if qid is not None else where
+            line = _squad_line(raw, qid) if qid is not None else ""
+            raise FinetuneDataError(
+                f"{path}{line}: {at}: key {key!r} is "
+                f"{'missing' if value is None else f'a {type(value).__name__}'} ({where}); SQuAD "
+                f"JSON has data[].paragraphs[].context and .qas[] with id, question and "
+                f"answers[] of text and answer_start: fix the file")
+        return value
+
     examples = []
-    for article in data:
-        title = article.get("title", "")
-        for p, paragraph in enumerate(article["paragraphs"]):
-            context = paragraph["context"]
-            for qa in paragraph["qas"]:
+    for a, article in enumerate(data if isinstance(data, list) else [data]):
+        title = article.get("title", "") if isinstance(article, dict) else ""
+        for p, paragraph in enumerate(field(article, "paragraphs", f"data[{a}]", list)):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = field(paragraph, "context", where, str)
+            for q, qa in enumerate(field(paragraph, "qas", where, list)):
+                qid = field(qa, "id", f"{where}.qas[{q}]", (str, int))
+                question = field(qa, "question", f"{where}.qas[{q}]", str, qid)
                 impossible = bool(qa.get("is_impossible", False))
-                answers = [] if impossible else [(a["text"], int(a["answer_start"]))
-                                                 for a in qa.get("answers", [])]
-                for text, start in answers:
-                    if context[start:start + len(text)] != text:
+                answers = []
+                for i, answer in enumerate([] if impossible else
+                                           field(qa, "answers", f"{where}.qas[{q}]", list, qid)):
+                    key = f"answers[{i}]"
+                    text = field(answer, "text", f"{where}.qas[{q}].{key}", str, qid)
+                    start = field(answer, "answer_start", f"{where}.qas[{q}].{key}", (int, str),
+                                  qid)
+                    try:
+                        start = int(start)
+                    except ValueError:
+                        start = -1
+                    if start < 0 or context[start:start + len(text)] != text:
+                        found = context.find(text)
+                        there = (f"which has {context[start:start + len(text)]!r} there"
+                                 if start >= 0 else "answer_start is not a character offset")
                         raise FinetuneDataError(
-                            f"{path}: question {qa['id']}: answer {text!r} is not at character "
-                            f"{start} of its context")
-                examples.append(QAExample(qa["id"], qa["question"], context, answers,
+                            f"{path}{_squad_line(raw, qid)}: question {qid!r}: key {key}: "
+                            f"answer {text!r} is not at character {answer['answer_start']!r} "
+                            f"(answer_start) of its context, {there} ("
+                            + (f"the text is at character {found}" if found >= 0 else
+                               "the text is nowhere in the context") +
+                            "); fix answer_start or the answer text")
+                    answers.append((text, start))
+                examples.append(QAExample(str(qid), question, context, answers,
                                           impossible, group=f"{title}#{p}",
-                                          source=f"{path}:{qa['id']}"))
+                                          source=f"{path}:{qid}"))
     if not examples:
-        raise FinetuneDataError(f"{path} has no questions")
+        raise FinetuneDataError(f"{path} has no questions (data[].paragraphs[].qas[] is empty "
+                                f"throughout); give a SQuAD file with questions")
     return examples
+
+
+def _squad_line(raw: str, qid) -> str:
+    """":N", the line of `"id": qid` in the SQuAD file's text (or "" if it is not found)."""
+    match = re.search(r'"id"\s*:\s*' + re.escape(json.dumps(qid)), raw)
+    return f":{raw.count(chr(10), 0, match.start()) + 1}" if match else ""
 
 
 # GLUE as distributed by the GLUE benchmark's download script: folder, files, columns
@@ -248,8 +354,9 @@ def read_glue_file(path, task: str) -> tuple[list, int]:
         try:
             cols = {k: header.index(spec[k]) for k in ("text", "pair", "label") if k in spec}
         except ValueError as err:
-            raise FinetuneDataError(f"{path}: header {header} lacks a GLUE {task} column: "
-                                    f"{err}") from None
+            raise FinetuneDataError(f"{path}:1: the header {header} lacks a GLUE {task} "
+                                    f"column ({err}); finetune.glue_task must name the task "
+                                    f"whose files these are") from None
         first_line = 2
     else:
         cols = {k: spec[k] for k in ("text", "label")}
@@ -262,7 +369,7 @@ def read_glue_file(path, task: str) -> tuple[list, int]:
             skipped += 1  # QQP has a few malformed lines, as every GLUE reader finds
             continue
         label = row[cols["label"]]
-        label = _parse_float(label, path, n) if regression else label
+        label = _parse_float(label, path, n, str(spec["label"])) if regression else label
         pair = row[cols["pair"]] if "pair" in cols else None
         examples.append(TextExample(row[cols["text"]], pair, label, group=f"{path.name}:{n}",
                                     source=f"{path}:{n}"))
