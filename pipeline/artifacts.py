@@ -169,6 +169,11 @@ class Artifacts:
         """The folder of one fine-tuned task (`finetune.name`)."""
         return FinetuneArtifacts(self.finetune_root / name)
 
+    def finetune_checkpoints(self, name: str) -> Path:
+        """finetune/.checkpoints/<name>/: a fine-tuning's checkpoints while it trains, beside
+        (not inside) its output folder, which is written whole at the end; removed then."""
+        return self.finetune_root / ".checkpoints" / name
+
     def multitask(self, name: str) -> "MultitaskArtifacts":
         """The folder of one multi-task run (`multitask.name`)."""
         return MultitaskArtifacts(self.multitask_root / name)

@@ -39,7 +39,8 @@ class StageSpec:
     # "module:function" naming the MLflow run an interrupted run continues ("" if none).
     resumable: str = ""
     # "module:function" that `--force` calls (with the config) before the stage runs again:
-    # pretraining sets its old checkpoints aside so that training starts over ("" if none).
+    # pretraining and fine-tuning set their old checkpoints aside so that training starts over
+    # ("" if none).
     fresh: str = ""
     # Its marker's file name inside `output` (the sweep shares finetune/ and keeps its own).
     marker: str = ".stage.json"
@@ -84,7 +85,8 @@ _SPECS = (
               checksums=True, checksums_skip=("checkpoints",), make_target="train"),
     StageSpec("finetune", "Fine-tuned the pretrained encoder on a labelled task, evaluated, "
                           "exported.",
-              config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False),
+              config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False,
+              fresh="pipeline.finetuning.runtime:set_checkpoints_aside"),
     StageSpec("sweep", "Fine-tuning hyperparameter grid (finetune.sweep): one nested run per "
                        "point, the best by the validation metric.",
               config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False,

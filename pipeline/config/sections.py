@@ -329,8 +329,9 @@ class FinetuneConfig:
     # float32 | mixed_bfloat16 | mixed_float16 (with dynamic loss scaling): the encoder
     # computes in it, variables and the heads' outputs and losses stay float32.
     precision: str = "float32"
-    # XLA: auto (with a GPU: as train.jit_compile; on a CPU: off, measured for BERT-tiny
-    # classification: XLA_MEASUREMENT) | true | false.
+    # XLA: auto (with a GPU: as train.jit_compile; on a CPU: off: BERT-tiny classification,
+    # seq 128, batch 32, 2 cores, XLA/plain step time 1.01 in float32 and 1.98 in
+    # mixed_bfloat16, plus ~5 s compiling; pipeline/finetuning/runtime.py) | true | false.
     jit_compile: str = "auto"
     steps_per_execution: int = 1  # updates' micro-batches per compiled call (Keras')
     # A checkpoint every N updates (0: at each epoch end only; always at epoch ends) in

@@ -45,7 +45,9 @@ class EpochEvaluator(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.Callback):
-    """Every `every` steps: loss and throughput (to the log and MLflow)."""
+    """Every `every` steps: loss and throughput (to the log and MLflow). `batch_size`: the
+    examples of one update (batch × accumulation); once per update, from the step `fit`
+    starts at (fine-tuning runs one `fit` per epoch, and resumes)."""
 
     def __init__(self, every: int, total: int, batch_size: int, log):
         super().__init__()
@@ -53,11 +55,11 @@ class Progress(keras.callbacks.Callback):
         self.last = None
 
     def on_train_begin(self, logs=None):
-        self.last = (time.time(), 0)
+        self.last = (time.time(), int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)))
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        if step % self.every:
+        if step % self.every or step == self.last[1]:
             return
         now = time.time()
         rate = (step - self.last[1]) * self.batch_size / max(now - self.last[0], 1e-9)
