@@ -19,6 +19,9 @@ time), each at a seeded moment of one of three kinds, in turn:
     mlflow  the first moment after a drawn instant at which the SQLite journal exists: inside
             an MLflow call's write transaction
 
+(finetune_resume has a fourth kind of its own, checkpoint: the moment the finetune stage's n-th
+checkpoint folder appears, n drawn among the reference's.)
+
 The process group the suite started is killed (os.killpg, SIGKILL, by pid); nothing else is.
 `strays` counts kills whose temporaries (never renamed into place, never taken as output)
 were still in the run directory after the re-run. `inside` says whether the temporary file /
@@ -42,6 +45,11 @@ same command again (exit 0), and:
                           after it is within LOSS_TOLERANCE of the uninterrupted run's
     finetune              metrics.json equal to the reference's (timings aside), test
                           predictions byte-identical
+    finetune_resume       the finetune stage killed the moment its n-th checkpoint appears
+                          (kind "checkpoint", n drawn among the reference's; finetune.
+                          checkpoint_every 4 of its 16 updates, and every epoch end): the
+                          re-run must say it resumed from a checkpoint, and its outputs equal
+                          the reference's as for finetune (a resumed fine-tuning is bit-exact)
 
 and MLflow: the re-run's parent run FINISHED, its stage.<name>.run_id a FINISHED run of that
 stage; for pretrain, a killed run that had written a checkpoint is the run reopened (resumed,
@@ -63,6 +71,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -76,12 +85,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STAGES = ("corpus", "vocab", "data", "pretrain", "export", "finetune")
+STAGES = ("corpus", "vocab", "data", "pretrain", "export", "finetune", "finetune_resume")
 KINDS = ("random", "file", "mlflow")
+# The kinds of kill of a suite stage (KINDS unless named here).
+STAGE_KINDS = {"finetune_resume": ("checkpoint",)}
 # The pipeline stage a suite stage runs, and the reference state it starts from.
-COMMAND = {"export": "pretrain"}
+COMMAND = {"export": "pretrain", "finetune_resume": "finetune"}
 STARTS_AFTER = {"corpus": None, "vocab": "corpus", "data": "vocab", "pretrain": "data",
-                "export": "data", "finetune": "pretrain"}
+                "export": "data", "finetune": "pretrain", "finetune_resume": "pretrain"}
+# The suite stages that share another's reference run (the same command, other kills).
+SAME_REFERENCE = {"export": "pretrain", "finetune_resume": "finetune"}
+# Where the finetune stage checkpoints (pipeline/artifacts.py finetune_checkpoints).
+FINETUNE_CHECKPOINTS = "finetune/.checkpoints/topic"
 # The log line that separates pretraining from its export (pipeline/training/loop.py).
 TRAINED = "final weights sha256"
 STEPS, CHECKPOINT_EVERY = 24, 4
@@ -106,7 +121,7 @@ def overrides(top: Path) -> list[str]:
             "finetune.dataset=csv", f"finetune.train_file={top / 'labelled.csv'}",
             "finetune.name=topic", "finetune.max_seq_length=24", "finetune.batch_size=8",
             "finetune.epochs=2", "finetune.learning_rate=0.001", "finetune.baselines=false",
-            "finetune.register_model=false"]
+            "finetune.register_model=false", "finetune.checkpoint_every=4"]
 
 
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree "
@@ -167,7 +182,8 @@ def temporaries(run_dir: Path) -> list[Path]:
     `.tmp-*` (checkpoints, model.keras), in the run dir and the folders stages write into."""
     found = []
     for folder in (run_dir, *(run_dir / d for d in ("corpus", "vocab", "data", "pretrain",
-                                                    "pretrain/checkpoints", "finetune"))):
+                                                    "pretrain/checkpoints", "finetune",
+                                                    FINETUNE_CHECKPOINTS))):
         try:
             with os.scandir(folder) as entries:
                 found += [Path(e.path) for e in entries if ".tmp-" in e.name]
@@ -192,11 +208,20 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
     """Runs the stage; records when temporaries / the journal exist and when log lines appear;
     with a `moment`, kills the process group (SIGKILL) when it comes."""
     run_dir, journal = top / "root" / "run", top / "root" / "mlflow.db-journal"
+    checkpoints, written = run_dir / FINETUNE_CHECKPOINTS, set()
+
+    def new_checkpoint() -> bool:
+        """A fine-tuning checkpoint folder not there at the last look (renamed into place:
+        complete)."""
+        names = {p.name for p in checkpoints.glob("ckpt-*")} - written
+        written.update(names)
+        return bool(names)
+
     probes = {"file": lambda: bool(temporaries(run_dir)), "mlflow": journal.exists,
-              "random": lambda: True}
-    seen: dict = {"file": [], "mlflow": []}
-    episodes = {"file": 0, "mlflow": 0, "random": 1}  # appearances since the anchor
-    was = {"file": False, "mlflow": False}
+              "checkpoint": new_checkpoint, "random": lambda: True}
+    seen: dict = {"file": [], "mlflow": [], "checkpoint": []}
+    episodes = {"file": 0, "mlflow": 0, "checkpoint": 0, "random": 1}  # since the anchor
+    was = {"file": False, "mlflow": False, "checkpoint": False}
     lines, text, last_read = [], "", 0.0
     proc = start(top, stage, log_path)
     began = time.time()
@@ -212,7 +237,7 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
                 text = new
                 if anchor is None and moment.after in text:
                     anchor = now
-            hits = {kind: probes[kind]() for kind in ("file", "mlflow")}
+            hits = {kind: probes[kind]() for kind in ("file", "mlflow", "checkpoint")}
             for kind, hit in hits.items():
                 if hit:
                     seen[kind].append(now)
@@ -225,7 +250,7 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
                 os.killpg(proc.pid, signal.SIGKILL)  # our own child's group, by pid
                 proc.wait(timeout=60)
                 killed_at = now
-                inside = moment.kind != "random" and probes[moment.kind]()
+                inside = moment.kind in ("file", "mlflow") and probes[moment.kind]()
                 break
             time.sleep(POLL)
     finally:
@@ -252,6 +277,8 @@ def draw_moment(kind: str, stage: str, reference: Watched, rng: random.Random) -
             lo = line_time(reference, "step 1/") or lo
     if stage == "export" and trained:
         lo = trained
+    if kind == "checkpoint":  # the n-th checkpoint the reference wrote, at once
+        return Moment(kind, 0.0, "", rng.randint(1, max(1, len(reference.seen.get(kind, [])))))
     if kind == "random":
         at = rng.uniform(lo, hi)
         return Moment(kind, at - lo, TRAINED) if stage == "export" else Moment(kind, at)
@@ -307,7 +334,7 @@ def outputs(top: Path, stage: str) -> dict:
     run = top / "root" / "run"
     if stage in ("corpus", "vocab", "data"):
         return folder_hashes(run / stage)
-    if stage == "finetune":
+    if COMMAND.get(stage, stage) == "finetune":
         return finetune_summary(run / "finetune" / "topic")
     pretrain = run / "pretrain"
     return {"eval": json.loads((pretrain / "eval.json").read_text()),
@@ -391,7 +418,7 @@ class Suite:
         write_inputs(self.top)
         self.root.mkdir(parents=True, exist_ok=True)
         needed = _with_upstream(stages)
-        for stage in [s for s in STAGES if s in needed and s != "export"]:
+        for stage in [s for s in STAGES if s in needed and s not in SAME_REFERENCE]:
             self.snapshot(f"before-{stage}")
             watched = watch(self.top, stage, self.top / f"reference-{stage}.log")
             if watched.returncode != 0:
@@ -401,9 +428,10 @@ class Suite:
             self.log(f"reference {stage:9s} {watched.seconds:5.1f} s; temporary files seen at "
                      f"{len(watched.seen['file'])} looks, journal at "
                      f"{len(watched.seen['mlflow'])}")
+            for alias in [a for a, same in SAME_REFERENCE.items() if same == stage]:
+                self.reference[alias] = watched
+                self.expected[alias] = self.expected[stage]
             if stage == "pretrain":
-                self.reference["export"] = watched
-                self.expected["export"] = self.expected["pretrain"]
                 self.weights_sha = self.stage_run_tags("pretrain").get(
                     "pretrain.weights_sha256", "")
                 self.expected["losses"] = step_losses(watched.output)
@@ -523,8 +551,13 @@ class Suite:
     def compare_rerun(self, stage: str, killed: Watched, rerun: Watched, result: Result) -> None:
         if stage not in ("pretrain", "export"):
             got = outputs(self.top, stage)
+            resumed = re.search(r"finetune: resuming from ckpt-\d+ \(step (\d+) of (\d+)",
+                                rerun.output)
+            if stage == "finetune_resume" and not resumed:
+                result.problems.append("killed after a checkpoint, the re-run did not resume")
             if got == self.expected[stage]:
-                result.rerun = "identical"
+                result.rerun = "identical" + (f" (resumed from step {resumed.group(1)} of "
+                                              f"{resumed.group(2)})" if resumed else "")
             else:
                 result.rerun = "differs"
                 diff = [k for k in set(got) | set(self.expected[stage])
@@ -609,8 +642,7 @@ def _with_upstream(stages) -> set:
             needed.add(stage)
             if STARTS_AFTER[stage]:
                 todo.append(STARTS_AFTER[stage])
-    if "export" in needed:
-        needed.add("pretrain")
+    needed |= {same for alias, same in SAME_REFERENCE.items() if alias in needed}
     return needed
 
 
@@ -634,7 +666,8 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
     for stage in stages:
         rng = random.Random(f"{seed}-{stage}")
         for i in range(kills):
-            kind = KINDS[i % len(KINDS)]
+            kinds = STAGE_KINDS.get(stage, KINDS)
+            kind = kinds[i % len(kinds)]
             started = time.time()
             result = suite.kill_once(stage, kind, rng)
             results.append(result)
