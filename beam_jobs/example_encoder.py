@@ -94,3 +94,35 @@ class ExampleEncoder:
     def encode_instance(self, instance: TrainingInstance) -> bytes:
         return self.encode(instance.token_ids, instance.a_length, instance.masked_lm_positions,
                            instance.masked_lm_ids, instance.label)
+
+
+# ---------------------------------------------------------------------------
+# Any fixed-shape features (the fine-tuning records of beam_jobs/finetune_data.py)
+# ---------------------------------------------------------------------------
+_SMALL = 1 << 16  # ids, positions and labels: their varints looked up, not computed
+_SMALL_VARINTS = [_varint(i) for i in range(_SMALL)]
+
+
+def encode_features(features: dict) -> bytes:
+    """{key: ("int64" | "float", flat values)} -> serialized tf.train.Example bytes (keys in
+    sorted order, as deterministic serialization writes a map; negative int64 values as
+    64-bit two's complement varints, as protobuf writes them)."""
+    entries = []
+    for key in sorted(features):
+        kind, values = features[key]
+        if kind == "int64":
+            field = ExampleEncoder.INT64
+            payload = b"".join(_SMALL_VARINTS[v] if 0 <= v < _SMALL else
+                               _varint(int(v) & 0xFFFFFFFFFFFFFFFF) for v in values)
+        elif kind == "float":
+            field = ExampleEncoder.FLOAT
+            payload = struct.pack(f"<{len(values)}f", *values)
+        else:
+            raise ValueError(f"feature {key!r}: kind {kind!r} is not int64 or float")
+        values_message = b"\x0a" + _varint(len(payload)) + payload  # Int64List / FloatList
+        feature = bytes([field << 3 | 2]) + _varint(len(values_message)) + values_message
+        name = key.encode("utf-8")
+        entry = b"\x0a" + _varint(len(name)) + name + b"\x12" + _varint(len(feature)) + feature
+        entries.append(b"\x0a" + _varint(len(entry)) + entry)  # Features.feature (map)
+    body = b"".join(entries)
+    return b"\x0a" + _varint(len(body)) + body  # Example.features

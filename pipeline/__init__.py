@@ -16,3 +16,9 @@ import os
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+# The built-in fine-tuning tasks register themselves (and, through the config layer's task
+# registry, the `finetune.task` values a config may name) when their package is imported:
+# here, so that every way in (the CLI, a stage, a test, a notebook) validates configs against
+# them. Light: the task modules import TensorFlow and Keras only inside their methods.
+import pipeline.finetuning.tasks  # noqa: E402,F401

@@ -18,7 +18,7 @@ from models import heads
 from models.bert import BertEncoder
 from pipeline import artifacts
 from pipeline import config as config_lib
-from pipeline.finetuning import distillation, outputs, task_model
+from pipeline.finetuning import distillation, outputs, task_model, tasks
 from pipeline.finetuning import train as finetuning
 from pipeline.stages import distill
 
@@ -135,8 +135,8 @@ def teacher_dir(tmp_path_factory):
     out = artifacts.Artifacts(config.run_dir).finetune("topic")
     out.dir.mkdir(parents=True)
     backbone = task_model.load_backbone(folder / "encoder.keras")
-    task_model.build_task_model("classification", backbone, len(data.labels),
-                                config.finetune).save(out.model_keras)
+    tasks.get("classification", config.finetune).build_model(
+        backbone, len(data.labels)).save(out.model_keras)
     (out.vocab_file).write_text((folder / "vocab.txt").read_text())
     out.task_json.write_text(json.dumps(outputs.task_info(config, data, True, "encoder.keras")))
     out.config.write_text(config_lib.dump_yaml(config))

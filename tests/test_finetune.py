@@ -23,7 +23,7 @@ from models.bert import BertEncoder
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.finetuning import sweep as sweep_lib
-from pipeline.finetuning import task_model
+from pipeline.finetuning import task_model, tasks
 from pipeline.finetuning import train as finetuning
 from pipeline.serving import export
 from pipeline.text import vocab as vocab_lib
@@ -197,7 +197,7 @@ def test_token_classification_first_piece_labels(tmp_path, encoder_files):
     assert results["baselines"]["most_frequent_tag"]["f1"] == pytest.approx(1.0)
     # The raw-string SavedModel (in-graph word split) == the .keras model + Python tokenization.
     assert results["export_mismatches"] == 0 and results["export_max_abs_diff"] < 1e-5
-    rows = predictor.Predictor(results["output_dir"]).tag(["the cat sat", "river"])
+    rows = predictor.Predictor(results["output_dir"]).texts(["the cat sat", "river"])
     assert [w for w, _ in rows[0]["tags"]] == ["the", "cat", "sat"]
     assert {t for r in rows for _, t in r["tags"]} <= {"O", "B-ANI", "B-LOC"}
 
@@ -262,7 +262,7 @@ def test_freeze_strategies(encoder_files):
     for strategy in ("none", "encoder", "all_but_last_n"):
         backbone = task_model.load_backbone(model_path)
         fc = config_lib.FinetuneConfig(freeze=strategy, trainable_last_n=1)
-        model = task_model.build_task_model("classification", backbone, 3, fc)
+        model = tasks.get("classification", fc).build_model(backbone, 3)
         sizes[strategy] = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     head = 32 * 3 + 3
     assert sizes["encoder"] == head

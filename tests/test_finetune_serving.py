@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline import artifacts, cli
-from pipeline.finetuning import task_model
+from pipeline.finetuning import task_model, tasks
 
 from tests.unicode_stress import assert_saved_model_tokenizes_by_the_contract
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, quiet, sentence, sqlite_mlflow  # noqa: F401 - fixtures
@@ -118,7 +118,7 @@ def test_token_classification_saved_model_equals_python_tokenization(tmp_path, e
     model = _task_model(encoder_files, "BertTokenClassifier", len(labels))
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 16)
     folder = tmp_path / "tagger"  # a model folder with the SavedModel only (no model.keras)
-    export.export_text_model(model, pre, folder / "saved_model", "token_classification", labels)
+    tasks.get("token_classification").export(model, pre, folder / "saved_model", labels, False, {})
     (folder / "task.json").write_text(json.dumps({"task": "token_classification",
                                                   "labels": labels, "pair": False}))
     rows = export.run_token_model(export.load_saved_model(folder / "saved_model"), TAG_TEXTS,
@@ -174,8 +174,8 @@ def test_question_answering_saved_model_equals_python_tokenization(tmp_path, enc
     model = _task_model(encoder_files, "BertSpanExtractor", seed=1)
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 24)
     folder = tmp_path / "qa"  # a model folder with the SavedModel only (no model.keras)
-    export.export_text_model(model, pre, folder / "saved_model", "question_answering",
-                             options=options)
+    tasks.get("question_answering").export(model, pre, folder / "saved_model", None, False,
+                                           options)
     (folder / "task.json").write_text(json.dumps({"task": "question_answering", "labels": None,
                                                   "pair": False, **options}))
     rows = export.run_qa_model(export.load_saved_model(folder / "saved_model"),

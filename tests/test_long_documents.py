@@ -243,7 +243,7 @@ def _config(folder, tmp_path, aggregation):
         f"run_dir={tmp_path}/run", f"finetune.init_from={folder}/encoder.keras",
         f"finetune.vocab_file={folder}/vocab.txt", "finetune.dataset=csv",
         f"finetune.train_file={folder}/train.csv", f"finetune.test_file={folder}/test.csv",
-        "finetune.max_seq_length=16", "finetune.batch_size=8", "finetune.epochs=4",
+        "finetune.max_seq_length=16", "finetune.batch_size=8", "finetune.epochs=6",
         "finetune.learning_rate=0.005", "finetune.dropout=0.0", "finetune.baselines=false",
         "finetune.register_model=false", f"finetune.long_doc_aggregation={aggregation}",
         "finetune.window_stride=7", "finetune.max_windows=5", f"finetune.name=tail_{aggregation}"])
@@ -291,7 +291,7 @@ def test_windowed_model_learns_what_the_truncated_model_cannot(tail_fixture, tmp
     loaded = predictor.Predictor(windowed["output_dir"])
     rows = loaded.texts(texts)  # through the SavedModel
     assert [r["label"] for r in rows] == ["north", "south"]
-    keras_rows = loaded.classify_windows(texts)  # the .keras model + numpy windows
+    keras_rows = loaded.task.classify_windows(loaded, texts)  # the .keras model + numpy windows
     assert [r["label"] for r in keras_rows] == ["north", "south"] and keras_rows[0]["windows"] == 5
     for a, b in zip(rows, keras_rows):
         assert a["scores"] == pytest.approx(b["scores"], abs=1e-5)

@@ -26,8 +26,6 @@ CHOICES = {
     "train.jit_compile": ("auto", "true", "false"),
     "train.data_sharding": ("auto", "file", "data", "off"),
     "train.resume_data": ("skip", "reseed"),
-    "finetune.task": ("classification", "regression", "token_classification",
-                      "question_answering", "semantic_search"),
     "finetune.dataset": ("brown_genre", "brown_pos", "csv", "tsv", "jsonl", "conll", "squad",
                          "glue"),
     "finetune.brown_labels": ("genre", "group"),

@@ -217,14 +217,23 @@ def _init_from_problem(path: Path) -> str:
     return "is a directory without config.json or bert_config.json"
 
 
-# The dataset formats each fine-tuning task reads.
-FINETUNE_DATASETS = {
-    "classification": ("brown_genre", "csv", "tsv", "jsonl", "glue"),
-    "regression": ("csv", "tsv", "jsonl", "glue"),
-    "token_classification": ("brown_pos", "conll"),
-    "question_answering": ("squad",),
-    "semantic_search": ("csv", "tsv", "jsonl"),
-}
+# The fine-tuning tasks, registered by pipeline/finetuning/tasks/ when it is imported (by
+# pipeline/__init__.py, so before any config is loaded): name -> the task class, whose
+# `datasets` and `check_config` the finetune section is checked against.
+TASKS: dict = {}
+
+
+def register_task(name: str, task_class) -> None:
+    TASKS[name] = task_class
+
+
+def _task_class(fc, source: str):
+    if fc.task not in TASKS:
+        hint = (", ".join(TASKS) if TASKS else
+                "none is registered: import pipeline.finetuning.tasks before loading a config")
+        raise ConfigError(f"{source}: key finetune.task = {fc.task!r} is not allowed; "
+                          f"choose one of: {hint}")
+    return TASKS[fc.task]
 
 
 GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
@@ -232,7 +241,8 @@ GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte
 
 def _validate_finetune(config: Config, source: str) -> None:
     fc = config.finetune
-    allowed = FINETUNE_DATASETS[fc.task]
+    task = _task_class(fc, source)
+    allowed = task.datasets
     if fc.dataset not in allowed:
         raise ConfigError(f"{source}: key finetune.dataset = {fc.dataset!r} cannot feed "
                           f"finetune.task = {fc.task!r}; choose one of: {', '.join(allowed)}")
@@ -246,15 +256,9 @@ def _validate_finetune(config: Config, source: str) -> None:
         if not fc.glue_dir:
             raise ConfigError(f"{source}: key finetune.glue_dir is empty but finetune.dataset = "
                               f"'glue'; set it to the GLUE download folder (glue_data/)")
-        regression_task = fc.glue_task == "sts-b"
-        if regression_task != (fc.task == "regression"):
-            raise ConfigError(f"{source}: key finetune.task = {fc.task!r} does not fit GLUE task "
-                              f"{fc.glue_task!r}; use task "
-                              f"{'regression' if regression_task else 'classification'}")
-    if fc.task == "semantic_search" and not fc.text_pair_column:
-        raise ConfigError(f"{source}: key finetune.text_pair_column is empty but finetune.task = "
-                          f"'semantic_search' trains on (text, text_pair) pairs; name the column "
-                          f"of each text's matching document")
+    problem = task.check_config(fc)
+    if problem:
+        raise ConfigError(f"{source}: key {problem}")
     if (fc.validation_file or fc.test_file) and fc.dataset not in ("csv", "tsv", "jsonl",
                                                                    "conll", "squad"):
         raise ConfigError(f"{source}: key finetune.validation_file / test_file only apply to "
@@ -264,7 +268,7 @@ def _validate_finetune(config: Config, source: str) -> None:
                           f"{fc.validation_fraction + fc.test_fraction} leaves too little to "
                           f"train on; keep the sum below 0.9")
     if fc.long_doc_aggregation != "none":
-        if fc.task != "classification" or fc.text_pair_column:
+        if not getattr(task, "windows", False) or fc.text_pair_column:
             raise ConfigError(f"{source}: key finetune.long_doc_aggregation = "
                               f"{fc.long_doc_aggregation!r} applies to single-text "
                               f"classification only (finetune.task = {fc.task!r}"
@@ -275,10 +279,6 @@ def _validate_finetune(config: Config, source: str) -> None:
                               f"longer than a window (finetune.max_seq_length - 2 = "
                               f"{fc.max_seq_length - 2} pieces), so text would be skipped; it "
                               f"must be >= 1 and <= {fc.max_seq_length - 2}")
-    if fc.task == "question_answering" and fc.max_query_length + 3 >= fc.max_seq_length:
-        raise ConfigError(f"{source}: key finetune.max_query_length = {fc.max_query_length} leaves "
-                          f"no room for the context in finetune.max_seq_length = "
-                          f"{fc.max_seq_length}; lower it")
     for item in fc.sweep:
         key, _, values = item.partition("=")
         if not values or key.strip() not in {f.name for f in dataclasses.fields(FinetuneConfig)}:
@@ -307,9 +307,9 @@ def finetune_warnings(config: Config) -> list[str]:
     return out
 
 
-# Multi-task fine-tuning: the task types with a per-batch loss on one text (pair); the keys
-# shared by all tasks (one encoder, one optimizer, one schedule) cannot be set per task.
-MULTITASK_TASKS = ("classification", "regression", "token_classification")
+# Multi-task fine-tuning: the tasks whose class says `multitask` (a per-batch loss on one
+# text or pair); the keys shared by all tasks (one encoder, one optimizer, one schedule)
+# cannot be set per task.
 
 
 MULTITASK_SHARED_KEYS = ("init_from", "vocab_file", "freeze", "trainable_last_n", "learning_rate",
@@ -366,9 +366,10 @@ def multitask_tasks(config: Config, source: str = "<config>") -> list[MultitaskT
                **{k: v for k, v in entry.items() if k not in MULTITASK_OWN_KEYS}}
         fc = _build(FinetuneConfig, raw, f"{where}.", source)
         fc = dataclasses.replace(fc, name=name)
-        if fc.task not in MULTITASK_TASKS:
+        allowed = [name for name, cls in TASKS.items() if cls.multitask]
+        if not getattr(_task_class(fc, source), "multitask", False):
             raise ConfigError(f"{source}: key {where}.task = {fc.task!r} is not allowed in "
-                              f"multi-task training; choose one of: {', '.join(MULTITASK_TASKS)}")
+                              f"multi-task training; choose one of: {', '.join(allowed)}")
         task_config = dataclasses.replace(config, finetune=fc)
         try:
             for key, allowed in CHOICES.items():

@@ -18,6 +18,7 @@ import dataclasses
 import random
 from pathlib import Path
 
+from pipeline.finetuning import tasks
 from pipeline.finetuning.readers import (
     GLUE_TASKS,
     FinetuneDataError,
@@ -25,10 +26,7 @@ from pipeline.finetuning.readers import (
     TokenExample,
     read_brown_genre,
     read_brown_pos,
-    read_conll,
     read_glue,
-    read_squad,
-    read_table,
 )
 
 
@@ -167,20 +165,15 @@ def load_task(fc, brown_tarball=None) -> TaskData:
     """The examples, label set, splits and selection metric for `config.finetune` (`fc`)."""
     from pipeline import artifacts
 
-    task, dataset = fc.task, fc.dataset
-    regression = task == "regression"
+    task, dataset = tasks.get(fc.task, fc), fc.dataset
     files = {}
     extra_tests = {}
-    metric = {"classification": "accuracy", "regression": "pearson",
-              "token_classification": "f1", "question_answering": "f1",
-              "semantic_search": "mrr"}[task]
+    metric = task.selection_metric(dataset)
     pair = bool(fc.text_pair_column)
-    stratify = task == "classification"
     if dataset in ("brown_genre", "brown_pos"):
         tarball = Path(brown_tarball or artifacts.BROWN_TARBALL)
         if dataset == "brown_genre":
             examples = read_brown_genre(tarball, fc.sentences_per_example, fc.brown_labels)
-            metric = "macro_f1"
         else:
             examples = read_brown_pos(tarball)
         files["train"] = tarball
@@ -196,23 +189,13 @@ def load_task(fc, brown_tarball=None) -> TaskData:
         if not fc.labels and spec["labels"]:
             fc = dataclasses.replace(fc, labels=list(spec["labels"]))
     else:
-        def read(path):
-            if dataset == "conll":
-                return read_conll(path, fc.conll_word_column, fc.conll_label_column)
-            if dataset == "squad":
-                return read_squad(path)
-            return read_table(path, fc.text_column, fc.text_pair_column, fc.label_column,
-                              fmt=dataset, regression=regression,
-                              require_label=task != "semantic_search")
-
         given = {}
         for split in ("train", "validation", "test"):
             path = getattr(fc, f"{split}_file")
             if path:
                 files[split] = Path(path)
-                given[split] = read(path)
-    if task == "semantic_search":
-        pair = True
+                given[split] = task.read_file(path, fc)
+    pair = pair or task.always_pair
     train = given["train"]
     validation, test = given.get("validation"), given.get("test")
     splits: dict = {"files": {k: {"path": str(v), "sha256": sha256_file(v)} if Path(v).is_file()
@@ -220,7 +203,8 @@ def load_task(fc, brown_tarball=None) -> TaskData:
     if validation is None or test is None:
         fractions = (0.0 if validation is not None else fc.validation_fraction,
                      0.0 if test is not None else fc.test_fraction)
-        tr, va, te, record = split_by_group(train, *fractions, fc.split_seed, stratify=stratify)
+        tr, va, te, record = split_by_group(train, *fractions, fc.split_seed,
+                                            stratify=task.stratify)
         train = tr
         validation = validation if validation is not None else va
         test = test if test is not None else te
@@ -239,7 +223,7 @@ def load_task(fc, brown_tarball=None) -> TaskData:
                                     f"{getattr(fc, key + '_fraction')}, no finetune.{key}_file); "
                                     f"raise finetune.{key}_fraction or give finetune.{key}_file")
     labels = None
-    if task in ("classification", "token_classification"):
+    if task.label_set:
         # Splits cut from one file share its label inventory (a rare tag may fall in test
         # only); separately given validation/test files must use the training labels.
         inventory = given["train"] if "split" in splits else train

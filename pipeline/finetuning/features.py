@@ -141,46 +141,85 @@ def qa_features(examples: list, pre: TextPreprocessor, max_query_length: int,
     return out
 
 
+def span_arrays(features: dict) -> dict:
+    """The QA bookkeeping of `qa_features` as fixed-shape arrays (a row per feature):
+    "span_start" / "span_end" (the character span of each context position, -1 elsewhere)
+    and "max_context" (1 where the position has its maximum context in this window)."""
+    spans = features["char_spans"]
+    start = np.full((len(spans), len(spans[0]) if spans else 0), -1, np.int64)
+    end = start.copy()
+    for f, row in enumerate(spans):
+        for i, span in enumerate(row):
+            if span is not None:
+                start[f, i], end[f, i] = span
+    return {"span_start": start, "span_end": end,
+            "max_context": np.asarray(features["max_context"], np.int64).reshape(start.shape)}
+
+
+class SpanSearch:
+    """BERT's n-best answer search, fed one batch of windows at a time (in any order).
+
+    For each window, the `n_best` highest start and end logits are paired; a pair counts if
+    both lie in the context, end >= start, the span has at most `max_answer_length` pieces and
+    the start has its maximum context in this window. The score is start + end logit; a
+    question keeps its best span over all its windows, and its null score (the [CLS] start +
+    end logits) is the minimum over them. Memory: a score and a text per question.
+    """
+
+    def __init__(self, examples: list, n_best: int = 20, max_answer_length: int = 30):
+        self.examples, self.n_best, self.max_answer_length = examples, n_best, max_answer_length
+        self.best: dict[int, tuple[float, str]] = {}
+        self.null: dict[int, float] = {}
+
+    def add(self, start_logits, end_logits, example_index, span_start, span_end,
+            max_context) -> None:
+        """One batch of windows: logits (windows, seq) and their rows' bookkeeping."""
+        for f, ex_index in enumerate(np.asarray(example_index).reshape(-1).tolist()):
+            s_logits, e_logits = start_logits[f], end_logits[f]
+            spans_start, spans_end, maxc = span_start[f], span_end[f], max_context[f]
+            context = self.examples[ex_index].context
+            self.null[ex_index] = min(self.null.get(ex_index, np.inf),
+                                      float(s_logits[0] + e_logits[0]))
+            starts = np.argsort(-s_logits)[:self.n_best]
+            ends = np.argsort(-e_logits)[:self.n_best]
+            for s in starts:
+                if spans_start[s] < 0 or not maxc[s]:
+                    continue
+                for e in ends:
+                    if spans_start[e] < 0 or e < s or e - s + 1 > self.max_answer_length:
+                        continue
+                    score = float(s_logits[s] + e_logits[e])
+                    if ex_index not in self.best or score > self.best[ex_index][0]:
+                        self.best[ex_index] = (score, context[spans_start[s]:spans_end[e]])
+
+    def answers(self, version_2: bool = False, null_score_threshold: float = 0.0,
+                scores: dict | None = None) -> dict:
+        """{question id: answer text}; with `version_2`, "" when the null score exceeds the
+        best span's score by more than `null_score_threshold`. `scores`, if given, receives
+        {question id: (best span score or -inf, null score)}."""
+        predictions = {}
+        for ex_index, example in enumerate(self.examples):
+            score, text = self.best.get(ex_index, (-np.inf, ""))
+            null = self.null.get(ex_index, -np.inf)
+            if version_2 and null - score > null_score_threshold:
+                text = ""
+            predictions[example.qid] = text
+            if scores is not None:
+                scores[example.qid] = (score, null)
+        return predictions
+
+
 def qa_predictions(examples: list, features: dict, start_logits: np.ndarray,
                    end_logits: np.ndarray, n_best: int = 20, max_answer_length: int = 30,
                    version_2: bool = False, null_score_threshold: float = 0.0,
                    scores: dict | None = None) -> dict:
-    """{question id: answer text} by BERT's n-best search over every window of each question.
-
-    For each window, the `n_best` highest start and end logits are paired; a pair counts if
-    both lie in the context, end >= start, the span has at most `max_answer_length` pieces and
-    the start has its maximum context in this window. The score is start + end logit. With
-    `version_2`, the answer is "" when the null score (min over windows of the [CLS] start +
-    end logits) exceeds the best span's score by more than `null_score_threshold`.
-    `scores`, if given, receives {question id: (best span score or -inf, null score)}.
-    """
-    best: dict[int, tuple[float, str]] = {}
-    null: dict[int, float] = {}
-    for f, ex_index in enumerate(features["example_index"]):
-        s_logits, e_logits = start_logits[f], end_logits[f]
-        spans, maxc = features["char_spans"][f], features["max_context"][f]
-        context = examples[ex_index].context
-        null[ex_index] = min(null.get(ex_index, np.inf), float(s_logits[0] + e_logits[0]))
-        starts = np.argsort(-s_logits)[:n_best]
-        ends = np.argsort(-e_logits)[:n_best]
-        for s in starts:
-            if spans[s] is None or not maxc[s]:
-                continue
-            for e in ends:
-                if spans[e] is None or e < s or e - s + 1 > max_answer_length:
-                    continue
-                score = float(s_logits[s] + e_logits[e])
-                if ex_index not in best or score > best[ex_index][0]:
-                    best[ex_index] = (score, context[spans[s][0]:spans[e][1]])
-    predictions = {}
-    for ex_index, example in enumerate(examples):
-        score, text = best.get(ex_index, (-np.inf, ""))
-        if version_2 and null.get(ex_index, -np.inf) - score > null_score_threshold:
-            text = ""
-        predictions[example.qid] = text
-        if scores is not None:
-            scores[example.qid] = (score, null.get(ex_index, -np.inf))
-    return predictions
+    """{question id: answer text} by `SpanSearch` over all the windows of `qa_features`."""
+    search = SpanSearch(examples, n_best, max_answer_length)
+    if len(features["example_index"]):
+        arrays = span_arrays(features)
+        search.add(start_logits, end_logits, features["example_index"], arrays["span_start"],
+                   arrays["span_end"], arrays["max_context"])
+    return search.answers(version_2, null_score_threshold, scores)
 
 
 def python_tag(model, pre, texts, labels) -> list[dict]:

@@ -19,7 +19,8 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
-from pipeline.finetuning import evaluation, outputs, readers, task_model
+from pipeline.finetuning import outputs, readers, runtime, task_model
+from pipeline.finetuning import tasks as task_registry
 from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 
@@ -39,6 +40,11 @@ class Task:
     @property
     def kind(self) -> str:
         return self.spec.finetune.task
+
+    @property
+    def task(self) -> task_registry.FinetuneTask:
+        """The task's class (pipeline/finetuning/tasks/) with this task's finetune settings."""
+        return task_registry.get(self.kind, self.spec.finetune)
 
 
 # ---------------------------------------------------------------------------
@@ -113,7 +119,7 @@ def load_tasks(config: Config, pre_for, log=print) -> list[Task]:
         fc = spec.finetune
         data = fd.load_task(fc)
         pre = pre_for(fc.max_seq_length)
-        splits = {name: task_model.make_split(fc.task, examples, pre, data.labels, fc, data.pair)
+        splits = {name: task_registry.get(fc.task, fc).make_split(examples, pre, data.labels, data.pair)
                   for name, examples in (("train", data.train), ("validation", data.validation),
                                          *data.tests.items())}
         counts = data.splits["counts"]
@@ -127,15 +133,14 @@ def load_tasks(config: Config, pre_for, log=print) -> list[Task]:
 
 def build_models(tasks: list[Task], backbone, fc, total_steps: int):
     """One task model per task on the shared `backbone`, one optimizer over all of them."""
-    optimizer = task_model.build_optimizer(fc, total_steps)
+    optimizer = runtime.build_optimizer(fc, total_steps, knobs=False)  # a batch = an update
     for task in tasks:
-        task.model = task_model.build_task_model(task.kind, backbone, len(task.data.labels or []),
-                                                 task.spec.finetune)
-    if fc.freeze != "encoder" and any(t.kind in ("classification", "regression") for t in tasks):
-        # build_task_model freezes the [CLS] pooler for token tasks; a pooled head here uses it.
+        task.model = task.task.build_model(backbone, len(task.data.labels or []))
+    if fc.freeze != "encoder" and any(t.task.pooled for t in tasks):
+        # A task whose head skips the [CLS] pooler freezes it; a pooled head here uses it.
         backbone.pooled_dense.trainable = True
     for task in tasks:
-        task_model.compile_task(task.model, task.kind, optimizer, loss_weight=task.spec.weight)
+        task.task.compile(task.model, optimizer, loss_weight=task.spec.weight)
     # One optimizer shared by the task models: built over every trainable variable (the
     # encoder once, each head), so each task's step updates the encoder and its own head.
     variables, seen = [], set()
@@ -158,11 +163,9 @@ def evaluate_tasks(tasks: list[Task]) -> dict:
     """{task: {"metric", "validation": {...}, "test": {...}}} with the finetune evaluation."""
     out = {}
     for task in tasks:
-        fc = task.spec.finetune
         result = {"task": task.kind, "metric": task.data.metric}
         for split in ("validation", *task.data.tests):
-            result[split] = evaluation.evaluate(task.kind, task.model, task.splits[split],
-                                                task.data, fc)[0]
+            result[split] = task.task.evaluate(task.model, task.splits[split], task.data)[0]
         out[task.name] = result
     return out
 
@@ -242,8 +245,6 @@ def comparison_markdown(rows: list[dict]) -> str:
 
 def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path, log) -> None:
     """<run_dir>/multitask/<name>/ written whole, then its files logged to MLflow."""
-    from pipeline.serving import export
-
     with artifacts.atomic_dir(paths.dir) as tmp:
         out = artifacts.MultitaskArtifacts(tmp)
         for task in tasks:
@@ -259,10 +260,11 @@ def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_pa
             folder.splits.write_text(json.dumps(task.data.splits, indent=2))
             folder.metrics.write_text(json.dumps(results["multitask"][task.name], indent=2,
                                                  default=float))
-            if task.kind in export.SERVING_TASKS:  # `make predict` serves it as a finetune folder
-                pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(vocab_path), lowercase, fc.max_seq_length)
-                export.export_text_model(task.model, pre, folder.saved_model, task.kind,
-                                         task.data.labels, info["pair"])
+            if task.task.serving:  # `make predict` serves it as a finetune folder
+                pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(vocab_path), lowercase,
+                                                    fc.max_seq_length)
+                task.task.export(task.model, pre, folder.saved_model, task.data.labels,
+                                 info["pair"], info)
         out.metrics.write_text(json.dumps(results, indent=2, default=float))
         out.config.write_text(config_lib.dump_yaml(config))
         if "comparison" in results:

@@ -3,7 +3,10 @@
 Reads top to bottom:
   1. the task's examples, label set and fixed seeded splits (pipeline/finetuning/data.py);
   2. the pretrained encoder: `finetune.init_from`, else <run_dir>/pretrain/model.keras, and
-     its vocab; features made with the same in-graph tokenizer the export serves with;
+     its vocab; the features of every split as TFRecords, written once by a Beam job with
+     the tokenizer contract's pure-Python tokenizer (the ids the exported in-graph tokenizer
+     gives) and reused while nothing they depend on changes (pipeline/finetuning/records.py);
+     training and evaluation stream them;
   3. inside the tf.distribute strategy: the task model (models/heads.py) on that encoder, the
      freeze strategy, AdamW with linear warmup and decay;
   4. `model.fit` for `epochs` (or `max_steps`), the validation metric after every epoch, the
@@ -25,28 +28,25 @@ import keras
 import mlflow
 import numpy as np
 
-from models import heads
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
+from pipeline.finetuning import records, runtime, tasks
 from pipeline.finetuning.callbacks import EpochEvaluator, Progress
-from pipeline.finetuning.evaluation import baselines, evaluate
 from pipeline.finetuning.outputs import _report, write_and_log
 from pipeline.finetuning.task_model import (
     FinetuneError,
-    build_optimizer,
-    build_task_model,
-    compile_task,
     load_backbone,
-    make_split,
     output_name,
     resolve_init,
-    windowed,
 )
 from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 from pipeline.training.callbacks import StopAt
+
+
+NOTES_SAMPLE = 2000  # training examples whose features the log's notes describe
 
 
 def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
@@ -54,7 +54,7 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     from pipeline.training import strategy as strategy_lib
 
     fc = config.finetune
-    task = fc.task
+    task = tasks.get(fc.task, fc)
     started = time.time()
     for warning in config_lib.finetune_warnings(config):
         log(f"finetune: warning: {warning}")
@@ -64,7 +64,7 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     # 1. Data.
     data = fd.load_task(fc)
     counts = data.splits["counts"]
-    log(f"finetune: {task} on {fc.dataset}{' (' + fc.glue_task + ')' if fc.glue_task else ''}: "
+    log(f"finetune: {task.name} on {fc.dataset}{' (' + fc.glue_task + ')' if fc.glue_task else ''}: "
         f"{counts['train']:,} train / {counts['validation']:,} validation / {counts['test']:,} "
         f"test examples" + (f", {len(data.labels)} labels" if data.labels else ""))
 
@@ -75,7 +75,7 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
                                          config.train.allow_cpu)
     with strategy.scope():
-        backbone = load_backbone(model_path)
+        backbone = runtime.with_precision(load_backbone(model_path), fc.precision)
     if backbone.vocabulary_size != len(vocab):
         raise FinetuneError(f"the encoder in {model_path} has {backbone.vocabulary_size} token "
                             f"embeddings but {vocab_path} has {len(vocab)} tokens; give the vocab "
@@ -83,23 +83,20 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     if fc.max_seq_length > backbone.max_sequence_length:
         raise FinetuneError(f"finetune.max_seq_length = {fc.max_seq_length} exceeds the encoder's "
                             f"{backbone.max_sequence_length} positions ({model_path}); lower it")
-    pre = preprocessor.TextPreprocessor(vocab, lowercase, fc.max_seq_length)
-    splits = {name: make_split(task, examples, pre, data.labels, fc, data.pair)
-              for name, examples in (("train", data.train), ("validation", data.validation),
-                                     *data.tests.items())}
-    if task == "classification" and windowed(fc):
-        meta = splits["train"].meta
-        log(f"finetune: long documents: {meta['n_windows'].mean():.1f} windows per training "
-            f"text on average (max_windows {fc.max_windows}, stride {fc.window_stride}); "
-            f"{meta['truncated_documents']} text(s) cut after max_windows; aggregation "
-            f"{fc.long_doc_aggregation}")
-    if task == "token_classification" and splits["train"].meta["truncated_words"]:
-        log(f"finetune: {splits['train'].meta['truncated_words']} training words beyond "
-            f"max_seq_length were cut")
+    pre = preprocessor.TextPreprocessor(vocab, lowercase, fc.max_seq_length)  # serving's
+    # The features of every split: TFRecords written once by a Beam job (the same for the
+    # same task settings, vocab and examples: reused), streamed by tf.data from here on.
+    splits = records.write_or_reuse(config, task, data, vocab, vocab_path, lowercase, log)
+    sample = data.train[:NOTES_SAMPLE]  # what the features cut, on a sample in memory
+    for note in task.notes(task.make_split(sample, pre, data.labels, data.pair)):
+        log(f"finetune: {note}" + (f" (in the first {len(sample):,} training examples)"
+                                   if len(sample) < len(data.train) else ""))
 
-    # 3. Model and optimizer.
-    n_train = len(next(iter(splits["train"].x.values())))
-    steps_per_epoch = math.ceil(n_train / fc.batch_size)
+    # 3. Model and optimizer. Seeded again: the Beam job that writes the features (when
+    # they are not reused) draws from the global generators, by a varying amount.
+    keras.utils.set_random_seed(fc.seed)
+    n_train = len(splits["train"])
+    steps_per_epoch = runtime.updates_per_epoch(n_train, fc)  # updates (× grad_accum_steps)
     total_steps = steps_per_epoch * fc.epochs
     if fc.max_steps:
         total_steps = min(total_steps, fc.max_steps)
@@ -109,7 +106,8 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
     log(f"finetune: {model_path} → {type(encoder).__name__}, {encoder.count_params():,} "
         f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
-        f"({epochs} epoch(s) of {steps_per_epoch}), batch {fc.batch_size}, lr {fc.learning_rate}")
+        f"({epochs} epoch(s) of {steps_per_epoch}), {runtime.describe(fc, model)}, "
+        f"lr {fc.learning_rate}")
     if mlflow.active_run():
         mlflow.log_params({"finetune.parameters": encoder.count_params(),
                            "finetune.trainable_parameters": trainable,
@@ -117,20 +115,23 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
                            "finetune.init_model": str(model_path),
                            **{f"finetune.examples.{k}": v for k, v in counts.items()}})
 
-    # 4. Train, keeping the best epoch by the validation metric.
+    # 4. Train, keeping the best epoch by the validation metric; checkpoints (the stage's run,
+    # not a sweep's points) in finetune/.checkpoints/<name>/: a re-run resumes there.
+    checkpoints = (runtime.Checkpoints.for_run(config, data, model_path, vocab_path,
+                                               output_name(fc)) if write_outputs else None)
     evaluator = train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
-                                 log, to_mlflow=True)
+                                 log, to_mlflow=True, checkpoints=checkpoints)
     train_seconds = time.time() - started
 
     # 5. Evaluate: validation, test(s), baselines.
-    results = {"task": task, "dataset": fc.dataset, "metric": data.metric,
+    results = {"task": task.name, "dataset": fc.dataset, "metric": data.metric,
                "best_epoch": evaluator.best_epoch, "history": evaluator.history}
     predictions = {}
     results["validation"] = evaluator.best_result  # the kept epoch's validation metrics
     for name in data.tests:
-        results[name], predictions[name] = evaluate(task, model, splits[name], data, fc, encoder)
+        results[name], predictions[name] = task.evaluate(model, splits[name], data, encoder)
     if fc.baselines:
-        results["baselines"] = baselines(task, data, fc.seed)
+        results["baselines"] = task.baselines(data, fc.seed)
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
             results["baselines"]["random_init"] = random_init_baseline(
                 task, backbone, splits, data, fc, total_steps, epochs, strategy, log)
@@ -142,34 +143,37 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
         write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
                       lowercase, log)
         results["output_dir"] = str(paths.dir)
+        checkpoints.remove()  # the output folder is complete
     return results
 
 
-def build_trainable(task: str, backbone, data, fc, total_steps: int):
+def build_trainable(task, backbone, data, fc, total_steps: int):
     """(the model `fit` trains, the task model it contains), compiled; call in the strategy
-    scope. They differ only for semantic search (a bi-encoder trainer around the encoder)."""
-    encoder = build_task_model(task, backbone, len(data.labels or []), fc)
-    model = (heads.BertBiEncoderTrainer(encoder, fc.similarity_scale)
-             if task == "semantic_search" else encoder)
-    compile_task(model, task, build_optimizer(fc, total_steps))
+    scope. They differ where the task trains a wrapper (semantic search: a bi-encoder trainer
+    around the encoder)."""
+    encoder = task.build_model(backbone, len(data.labels or []))
+    model = task.trainer(encoder)
+    task.compile(model, runtime.build_optimizer(fc, total_steps), **runtime.compile_options(fc))
     return model, encoder
 
 
-def train_best_epoch(task: str, model, encoder, splits: dict, data, fc, total_steps: int,
-                     epochs: int, log=print, to_mlflow: bool = True) -> EpochEvaluator:
+def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: int,
+                     epochs: int, log=print, to_mlflow: bool = True,
+                     checkpoints=None) -> EpochEvaluator:
     """`model.fit` for `epochs` (at most `total_steps` updates), the validation metric after
-    every epoch; the best epoch's weights are put back. Returns the evaluator (history, best)."""
+    every epoch; the best epoch's weights are put back. Returns the evaluator (history, best).
+    With `checkpoints` (runtime.Checkpoints): resumes from the latest, writes them."""
     def evaluate_validation():
-        return evaluate(task, model, splits["validation"], data, fc, encoder)[0]
+        return task.evaluate(model, splits["validation"], data, encoder)[0]
 
     evaluator = EpochEvaluator(evaluate_validation, data.metric, log, to_mlflow=to_mlflow)
     train = splits["train"]
-    steps_per_epoch = math.ceil(len(next(iter(train.x.values()))) / fc.batch_size)
-    fit_kwargs = {"sample_weight": train.sample_weight} if train.sample_weight else {}
-    model.fit(train.x, train.y, batch_size=fc.batch_size, epochs=epochs, shuffle=True,
-              callbacks=[StopAt(total_steps), evaluator,
-                         Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size, log)],
-              verbose=0, **fit_kwargs)
+    steps_per_epoch = runtime.updates_per_epoch(len(train), fc)
+    examples_per_update = fc.batch_size * runtime.accumulation(fc)
+    runtime.fit(model, train, fc, total_steps, epochs, evaluator,
+                [StopAt(total_steps), evaluator,
+                 Progress(max(10, steps_per_epoch // 4), total_steps, examples_per_update, log)],
+                checkpoints, log)
     if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
         model.set_weights(evaluator.best_weights)
         log(f"finetune: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
@@ -177,7 +181,7 @@ def train_best_epoch(task: str, model, encoder, splits: dict, data, fc, total_st
     return evaluator
 
 
-def random_init_baseline(task: str, backbone, splits: dict, data, fc, total_steps: int,
+def random_init_baseline(task, backbone, splits: dict, data, fc, total_steps: int,
                          epochs: int, strategy, log=print) -> dict:
     """Test metrics of the same architecture from random initialisation, fine-tuned with the
     same data, steps, schedule and epoch selection: the gain of pretraining is the difference."""
@@ -188,5 +192,5 @@ def random_init_baseline(task: str, backbone, splits: dict, data, fc, total_step
     quiet = lambda line: log(line.replace("finetune:", "finetune (random init):", 1))  # noqa: E731
     train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs, quiet,
                      to_mlflow=False)
-    return evaluate(task, model, splits["test"], data, fc, encoder)[0]
+    return task.evaluate(model, splits["test"], data, encoder)[0]
 

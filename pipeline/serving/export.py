@@ -1,6 +1,8 @@
 """Exports that serve raw text: the fine-tuned models' SavedModels, and the pretrained model.
 
-`export_text_model` writes a SavedModel whose `serving_default` signature takes RAW STRINGS:
+A fine-tuning task's `export` (pipeline/finetuning/tasks/) writes, with `build_serving_module`
+or pipeline/serving/word_serving.py and `save_serving_module`, a SavedModel whose
+`serving_default` signature takes RAW STRINGS:
 the keras-hub WordPiece tokenizer and the `[CLS] A [SEP] (B [SEP])` packing run inside the
 graph (the `TextPreprocessor` the training features were made with), then the Keras model:
 
@@ -55,13 +57,6 @@ def export(model, paths: Artifacts) -> None:
         tmp.unlink(missing_ok=True)
 
 
-SERVING_TASKS = ("classification", "regression", "semantic_search", "token_classification",
-                 "question_answering")
-
-
-WORD_TASKS = ("token_classification", "question_answering")  # pipeline/serving/word_serving.py
-
-
 SIGNATURE = "serving_default"
 
 
@@ -98,8 +93,31 @@ def saved_model_token_ids(folder, texts, batch_size: int = 1024) -> list[list[in
 # ---------------------------------------------------------------------------
 # Export
 # ---------------------------------------------------------------------------
-def build_serving_module(model, preprocessor, task: str, labels=None, pair: bool = False):
-    """A tf.Module whose `serve` takes raw strings (see the module docstring)."""
+def label_outputs(outputs, labels):
+    """Classification: {"label": the most probable class name, "scores": class probabilities}."""
+    import tensorflow as tf
+
+    scores = tf.nn.softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)
+    return {"label": tf.gather(labels, tf.argmax(scores, axis=-1)), "scores": scores}
+
+
+def score_outputs(outputs, labels):
+    """Regression: {"score": the predicted number}."""
+    import tensorflow as tf
+
+    return {"score": tf.cast(outputs["score"], tf.float32)}
+
+
+def embedding_outputs(outputs, labels):
+    """Sentence encoders: {"embedding": the unit vector}."""
+    import tensorflow as tf
+
+    return {"embedding": tf.cast(outputs["embedding"], tf.float32)}
+
+
+def build_serving_module(model, preprocessor, outputs_fn, labels=None, pair: bool = False):
+    """A tf.Module whose `serve` takes raw strings (see the module docstring): the text (pair)
+    packed in the graph, the model, then `outputs_fn(model outputs, labels tensor)`."""
     import tensorflow as tf
 
     class TextServing(tf.Module):
@@ -111,14 +129,7 @@ def build_serving_module(model, preprocessor, task: str, labels=None, pair: bool
             self.labels = tf.constant(list(labels or [""]))
 
         def _outputs(self, inputs):
-            outputs = self.model(inputs, training=False)
-            if task == "classification":
-                scores = tf.nn.softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)
-                return {"label": tf.gather(self.labels, tf.argmax(scores, axis=-1)),
-                        "scores": scores}
-            if task == "regression":
-                return {"score": tf.cast(outputs["score"], tf.float32)}
-            return {"embedding": tf.cast(outputs["embedding"], tf.float32)}
+            return outputs_fn(self.model(inputs, training=False), self.labels)
 
     module = TextServing()
     if pair:
@@ -134,30 +145,11 @@ def build_serving_module(model, preprocessor, task: str, labels=None, pair: bool
     return module
 
 
-def export_text_model(model, preprocessor, folder, task: str, labels=None,
-                      pair: bool = False, options: dict | None = None) -> None:
-    """Writes the raw-string SavedModel to `folder` (which must not exist yet). `options`: for
-    question answering, max_query_length, doc_stride, n_best, max_answer_length, version_2 and
-    null_score_threshold (the task.json keys; a missing one takes finetune.*'s default)."""
-    import dataclasses
-
+def save_serving_module(module, folder) -> None:
+    """Writes the module as a SavedModel to `folder` (which must not exist yet): its `serve` as
+    the serving signature, beside the `tokenize` signature of its tokenizer."""
     import tensorflow as tf
 
-    from pipeline.config import FinetuneConfig
-    from pipeline.serving import word_serving
-
-    if task not in SERVING_TASKS:
-        raise ValueError(f"no raw-text SavedModel for task {task!r}; {SERVING_TASKS} have one")
-    if task == "token_classification":
-        module = word_serving.build_token_module(model, preprocessor, labels)
-    elif task == "question_answering":
-        keys = ("max_query_length", "doc_stride", "n_best", "max_answer_length", "version_2",
-                "null_score_threshold")
-        settings = {**{k: v for k, v in dataclasses.asdict(FinetuneConfig()).items()
-                       if k in keys}, **{k: v for k, v in (options or {}).items() if k in keys}}
-        module = word_serving.build_qa_module(model, preprocessor, **settings)
-    else:
-        module = build_serving_module(model, preprocessor, task, labels, pair)
     tf.saved_model.save(module, str(folder), signatures={
         SIGNATURE: module.serve, TOKENIZE_SIGNATURE: tokenize_function(module.tokenizer)})
 
@@ -168,6 +160,14 @@ def load_saved_model(folder):
     import tensorflow_text  # noqa: F401 - registers the ops the WordPiece tokenizer uses
 
     return tf.saved_model.load(str(folder)).signatures[SIGNATURE]
+
+
+def signature_inputs(serve) -> list[str]:
+    """The names of the raw-string inputs of a serving function, in order: ["text"],
+    ["text", "text_pair"] or ["question", "context"]."""
+    _, kwargs = serve.structured_input_signature
+    order = ("question", "context", "text", "text_pair")
+    return sorted(kwargs, key=lambda name: order.index(name) if name in order else len(order))
 
 
 def run_saved_model(serve, texts, pairs=None, batch_size: int = 256) -> dict:
@@ -226,7 +226,7 @@ def run_qa_model(serve, questions, contexts, batch_size: int = 64) -> list[dict]
 
 def export_window_model(model, pre, folder, labels, stride: int, max_windows: int) -> None:
     """The raw-text SavedModel of a windowed classifier: text -> {"label", "scores"}, as
-    `export_text_model` writes for classification, windows made in the graph."""
+    the classification task writes, windows made in the graph."""
     import tensorflow as tf
 
     if not 1 <= stride <= pre.seq_length - 2:
@@ -248,8 +248,7 @@ def export_window_model(model, pre, folder, labels, stride: int, max_windows: in
         return {"label": tf.gather(module.labels, tf.argmax(scores, axis=-1)), "scores": scores}
 
     module.serve = serve
-    tf.saved_model.save(module, str(folder), signatures={
-        SIGNATURE: serve, TOKENIZE_SIGNATURE: tokenize_function(module.tokenizer)})
+    save_serving_module(module, folder)
 
 
 def check_window_export(folder, model, pre, texts: list[str], stride: int,

@@ -10,7 +10,13 @@ from pathlib import Path
 import mlflow
 import pandas as pd  # noqa: F401 - the pyfunc's type hints
 
-from pipeline.serving.export import load_saved_model, run_qa_model, run_saved_model, run_token_model
+from pipeline.serving.export import (
+    load_saved_model,
+    run_qa_model,
+    run_saved_model,
+    run_token_model,
+    signature_inputs,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -29,25 +35,28 @@ class RawTextModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: "pd.DataFrame",
                 params: dict | None = None) -> "pd.DataFrame":
+        """The SavedModel's signature decides: (question, context) in -> answers; a
+        "word_count" out -> words and tags; else "label" / "score" / "embedding" per text."""
         import pandas as pd
 
-        if self.task["task"] == "question_answering":
+        columns = signature_inputs(self.serve)
+        if "question" in columns:
             return pd.DataFrame(run_qa_model(self.serve,
                                              model_input["question"].astype(str).tolist(),
                                              model_input["context"].astype(str).tolist()),
                                 columns=["answer", "score", "null_score", "start", "end"])
         texts = model_input["text"].astype(str).tolist()
-        if self.task["task"] == "token_classification":
+        if "word_count" in self.serve.structured_outputs:
             return pd.DataFrame(run_token_model(self.serve, texts),
                                 columns=["words", "labels", "scores"])
-        pairs = model_input["text_pair"].astype(str).tolist() if self.task.get("pair") else None
+        pairs = model_input["text_pair"].astype(str).tolist() if "text_pair" in columns else None
         out = run_saved_model(self.serve, texts, pairs)
-        if self.task["task"] == "classification":
+        if "label" in out:
             frame = pd.DataFrame({"label": out["label"]})
             for i, name in enumerate(self.task["labels"]):
                 frame[f"score_{name}"] = out["scores"][:, i]
             return frame
-        if self.task["task"] == "regression":
+        if "score" in out:
             return pd.DataFrame({"score": out["score"]})
         return pd.DataFrame({"embedding": list(out["embedding"])})
 
@@ -61,10 +70,8 @@ def log_to_mlflow(folder, task_info: dict, registered_model: str = "") -> tuple[
     from mlflow.types import ColSpec, Schema
 
     folder = Path(folder)
-    columns = [ColSpec("string", "text")] + ([ColSpec("string", "text_pair")]
-                                             if task_info.get("pair") else [])
-    if task_info.get("task") == "question_answering":
-        columns = [ColSpec("string", "question"), ColSpec("string", "context")]
+    names = task_info.get("inputs") or signature_inputs(load_saved_model(folder / "saved_model"))
+    columns = [ColSpec("string", name) for name in names]
     requirements = [f"{p}=={md.version(p)}" for p in
                     ("tensorflow", "tensorflow-text", "keras", "keras-hub", "mlflow", "pandas")]
     pyfunc_logger = logging.getLogger("mlflow.pyfunc")

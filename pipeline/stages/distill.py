@@ -13,7 +13,7 @@ Reads top to bottom:
      alpha · KL(teacher_T ‖ student_T) · T² + (1 − alpha) · CE(labels), plus optionally
      `hidden_weight` · MSE/cosine between hidden states ([CLS] of the last layer, or each
      student layer against its teacher layer), through a learned projection when the widths
-     differ; AdamW with warmup and linear decay (finetune.build_optimizer);
+     differ; AdamW with warmup and linear decay (runtime.build_optimizer);
   4. teacher and student on the same validation/test split (finetune.evaluate), their parameter
      counts and inference speed (examples/s, `predict` on the same test inputs, this process);
   5. <run_dir>/distill/<name>/ written whole like a finetune folder (model.keras, raw-text
@@ -39,7 +39,7 @@ from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
-from pipeline.finetuning import evaluation, outputs, task_model
+from pipeline.finetuning import outputs, runtime, tasks
 from pipeline.finetuning.distillation import (
     SPEED_EXAMPLES,
     Distiller,
@@ -66,7 +66,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
                                             f"{teacher_dir.name})")
     tpaths = FinetuneArtifacts(teacher_dir)
     info = json.loads(tpaths.task_json.read_text())
-    if info.get("task") != "classification":
+    if not tasks.get(info.get("task")).distillable:
         raise DistillError(f"distill.teacher = {teacher_dir} is a {info.get('task')!r} model; "
                            f"distillation here needs a classification teacher (finetune.task = "
                            f"classification)")
@@ -86,7 +86,8 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     lowercase = bool(info["lowercase"])
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(vocab_path), lowercase, info["max_seq_length"])
     pair = bool(info.get("pair"))
-    splits = {split: task_model.make_split("classification", examples, pre, data.labels, fc, pair)
+    task = tasks.get("classification", fc)  # the teacher's task
+    splits = {split: task.make_split(examples, pre, data.labels, pair)
               for split, examples in (("train", data.train), ("validation", data.validation),
                                       *data.tests.items())}
 
@@ -136,7 +137,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
                            "distill.total_steps": total_steps})
 
     # 3. Train.
-    optimizer = task_model.build_optimizer(fc, total_steps)
+    optimizer = runtime.build_optimizer(fc, total_steps, knobs=False)  # a batch = an update
     distiller = Distiller(teacher, student, dc, optimizer)
     history = train_student(distiller, splits["train"], fc.batch_size, total_steps, dc.seed, log)
     train_seconds = time.time() - started
@@ -146,10 +147,8 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
                "best_epoch": None, "history": history}
     predictions, teacher_results = {}, {}
     for split in ("validation", *data.tests):
-        results[split], predictions[split] = evaluation.evaluate("classification", student,
-                                                                 splits[split], data, fc)
-        teacher_results[split] = evaluation.evaluate("classification", teacher, splits[split],
-                                                     data, fc)[0]
+        results[split], predictions[split] = task.evaluate(student, splits[split], data)
+        teacher_results[split] = task.evaluate(teacher, splits[split], data)[0]
     speed_batch = 2 * fc.batch_size
     speed_x = {k: v[:SPEED_EXAMPLES] for k, v in splits["test"].x.items()}
     speed = {"teacher": examples_per_second(teacher, speed_x, speed_batch),

@@ -3,15 +3,16 @@
 Reads top to bottom:
   1. the tasks of `multitask.tasks`, each a `finetune` section with its own data keys
      (pipeline/config/validation.py `multitask_tasks`): examples, labels and seeded splits through the
-     finetune stage's readers and features (pipeline/finetuning/data.py, `task_model.make_split`);
+     finetune stage's readers and features (pipeline/finetuning/data.py, the task class's
+     `make_split`: pipeline/finetuning/tasks/);
   2. one encoder (`finetune.init_from`, else <run_dir>/pretrain/model.keras) shared by one task
-     model per task (models/heads.py through `finetune.build_task_model`), each compiled with
-     its task's loss scaled by the task's `weight` (`finetune.compile_task`), all updated by one
-     AdamW optimizer with one warmup/decay schedule (`finetune.build_optimizer`);
+     model per task (the task class's `build_model`), each compiled with its task's loss
+     scaled by the task's `weight` (the task class's `compile`), all updated by one
+     AdamW optimizer with one warmup/decay schedule (`runtime.build_optimizer`);
   3. the batch schedule: `tf.data.Dataset.sample_from_datasets` over the task ids, weighted by
      the normalised `sampling_ratio`s and seeded; every step takes the next batch of the drawn
      task (each batch holds one task) and trains that task's model on it;
-  4. validation and test metrics per task (`finetune.evaluate`), logged to MLflow prefixed by the
+  4. validation and test metrics per task (the task class's `evaluate`), logged to MLflow prefixed by the
      task name (`genre.test_macro_f1`);
   5. with `multitask.compare_single_task`: each task trained alone from the same encoder with the
      same steps and hyperparameters, as a nested MLflow run; a comparison table (comparison.md,

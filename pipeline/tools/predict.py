@@ -83,7 +83,7 @@ def _predict(args) -> list[dict]:
             raise ValueError("semantic search needs both --documents FILE and --query TEXT")
         return predictor.search(_read_lines(args.documents), args.query, args.top_k,
                                 args.passages, args.passage_length, args.passage_stride)
-    if args.question or (args.file and predictor.task == "question_answering"):
+    if args.question or (args.file and hasattr(predictor.task, "answer_rows")):
         questions, contexts = list(args.question), list(args.context)
         if args.file:
             for line in _read_lines(args.file):

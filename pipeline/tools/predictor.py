@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd  # noqa: F401 - the pyfunc's type hints
 
-from pipeline.finetuning.features import python_answer, python_tag
-from pipeline.serving.export import load_saved_model, run_qa_model, run_saved_model, run_token_model
+from pipeline.finetuning import tasks
+from pipeline.serving.export import load_saved_model
 
 
 # ---------------------------------------------------------------------------
@@ -29,7 +28,7 @@ class Predictor:
                 f"<run_dir>/finetune/<name> as written by `make finetune`, or models:/NAME/VERSION")
         self.paths = paths
         self.info = json.loads(paths.task_json.read_text())
-        self.task = self.info["task"]
+        self.task = tasks.get(self.info["task"])
         self._serve = self._model = self._pre = None
 
     # Lazy loading: the SavedModel for the serving tasks, the .keras model for the others.
@@ -51,87 +50,23 @@ class Predictor:
         return self._model, self._pre
 
     def texts(self, texts, pairs=None) -> list[dict]:
-        if self.task == "token_classification":
-            return self.tag(texts)
-        if self.info.get("long_doc_aggregation", "none") != "none" and \
-                not self.paths.saved_model.exists():  # a windowed model without its export
-            return self.classify_windows(texts)
-        if self.task == "question_answering":
-            raise ValueError(f"a {self.task} model takes --question/--context, not --text")
-        out = run_saved_model(self.serve, texts, pairs)
-        rows = []
-        for i, text in enumerate(texts):
-            row = {"text": text}
-            if pairs is not None:
-                row["text_pair"] = pairs[i]
-            if self.task == "classification":
-                row["label"] = str(out["label"][i])
-                row["scores"] = {name: round(float(s), 6)
-                                 for name, s in zip(self.info["labels"], out["scores"][i])}
-            elif self.task == "regression":
-                row["score"] = float(out["score"][i])
-            else:
-                row["embedding"] = [round(float(x), 6) for x in out["embedding"][i]]
-            rows.append(row)
-        return rows
-
-    def classify_windows(self, texts) -> list[dict]:
-        """Long-document classification (.keras model): every window, aggregated in the head."""
-        from pipeline.text.windows import WINDOW_FEATURES, text_windows
-
-        model, pre = self.keras_parts()
-        f = text_windows(texts, pre, self.info["window_stride"], self.info["max_windows"])
-        logits = np.asarray(model.predict({k: f[k] for k in WINDOW_FEATURES},
-                                          verbose=0)["logits"], np.float64)
-        scores = np.exp(logits - logits.max(-1, keepdims=True))
-        scores /= scores.sum(-1, keepdims=True)
-        labels = self.info["labels"]
-        return [{"text": t, "label": labels[int(s.argmax())], "windows": int(n),
-                 "scores": {name: round(float(x), 6) for name, x in zip(labels, s)}}
-                for t, s, n in zip(texts, scores, f["n_windows"])]
-
-    def tag(self, texts) -> list[dict]:
-        """Per text: its whitespace-separated words with a label and its probability each
-        (the SavedModel; a folder without one: the .keras model, Python tokenization)."""
-        if self.paths.saved_model.is_dir():
-            out = run_token_model(self.serve, texts)
-        else:
-            model, pre = self.keras_parts()
-            out = python_tag(model, pre, texts, self.info["labels"])
-        return [{"text": t, "tags": [[w, g] for w, g in zip(o["words"], o["labels"])],
-                 "scores": [round(x, 6) for x in o["scores"]]} for t, o in zip(texts, out)]
+        """`--text` (and `--text-pair`): one row per text, as the model's task answers."""
+        return self.task.predict_rows(self, texts, pairs)
 
     def answer(self, questions, contexts) -> list[dict]:
-        """Per question: the answer span of its context ("" for none), its start + end logit
-        and character offsets (the SavedModel; a folder without one: the .keras model)."""
-        if self.task != "question_answering":
+        """`--question` / `--context`: one answer row per question (question answering)."""
+        if not hasattr(self.task, "answer_rows"):
             raise ValueError(f"--question/--context need a question_answering model, this one is "
-                             f"{self.task}")
-        if self.paths.saved_model.is_dir():
-            out = run_qa_model(self.serve, questions, contexts)
-        else:
-            model, pre = self.keras_parts()
-            out = python_answer(model, pre, questions, contexts, self.info)
-        return [{"question": q, **o} for q, o in zip(questions, out)]
+                             f"{self.task.name}")
+        return self.task.answer_rows(self, questions, contexts)
 
     def search(self, documents, queries, top_k: int = 5, passages: bool = False,
                passage_length: int = 0, passage_stride: int = 0) -> list[dict]:
-        if self.task != "semantic_search":
+        """`--documents` / `--query`: the top documents per query (semantic search)."""
+        if not hasattr(self.task, "search_rows"):
             raise ValueError(f"--documents/--query need a semantic_search model, this one is "
-                             f"{self.task}")
-        if passages:  # long documents: passage vectors, document score = best passage
-            from pipeline.serving.search import search_rows
+                             f"{self.task.name}")
+        return self.task.search_rows(self, documents, queries, top_k, passages, passage_length,
+                                     passage_stride)
 
-            model, pre = self.keras_parts()
-            return search_rows(model, pre, documents, queries, top_k, passage_length or None,
-                               passage_stride or None)
-        index = run_saved_model(self.serve, documents)["embedding"]  # (docs, hidden), unit norm
-        query = run_saved_model(self.serve, queries)["embedding"]  # (queries, hidden)
-        scores = query @ index.T  # cosine similarities
-        rows = []
-        for q, row in zip(queries, scores):
-            order = np.argsort(-row)[:top_k]
-            rows.append({"query": q, "results": [
-                {"rank": r + 1, "score": round(float(row[i]), 6), "document": documents[i]}
-                for r, i in enumerate(order)]})
-        return rows
+

@@ -70,8 +70,8 @@ def load_encoder(model: str, vocab: str = "", seq_length: int = 128, lowercase: 
         from pipeline.tools.predictor import Predictor
 
         predictor = Predictor(path)
-        if predictor.task != "semantic_search":
-            raise ValueError(f"{path} is a {predictor.task} model; give a semantic_search model "
+        if not hasattr(predictor.task, "search_rows"):
+            raise ValueError(f"{path} is a {predictor.task.name} model; give a semantic_search model "
                              f"folder or a .keras encoder")
         return predictor.keras_parts()
     if path.suffix != ".keras" or not path.is_file():
