@@ -15,6 +15,7 @@ import pytest
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.finetuning import multitask as multitask_lib
+from pipeline.text import vocab as vocab_lib
 from pipeline.stages import multitask
 
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, sentence, sqlite_mlflow  # noqa: F401
@@ -85,7 +86,8 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
     for weight in (0.0, 1.0):
         config = make_config(tmp_path, encoder_files, "finetune.weight_decay=0.0",
                              topic_weight=weight)
-        tasks = multitask_lib.load_tasks(config, lambda n: _pre(encoder_files, n), log=lambda m: None)
+        vocab = vocab_lib.read_vocab(encoder_files[1])
+        tasks = multitask_lib.load_tasks(config, vocab, encoder_files[1], True, log=lambda m: None)
         keras.utils.set_random_seed(0)
         from pipeline.finetuning import task_model
 
@@ -101,13 +103,6 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
     assert kernels[0.0]["topic"] == 0.0
     assert kernels[0.0]["tags"] > 1e-4 and kernels[0.0]["encoder"] > 1e-4
     assert kernels[1.0]["topic"] > 1e-4
-
-
-def _pre(encoder_files, seq_length):
-    from models import preprocessor
-    from pipeline.text import vocab as vocab_lib
-
-    return preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, seq_length)
 
 
 def test_stage_logs_per_task_metrics_and_the_single_task_comparison(tmp_path, encoder_files,  # noqa: F811

@@ -17,7 +17,6 @@ from models import distill as distill_lib
 from pipeline import artifacts
 from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
-from pipeline.finetuning import task_model
 
 SPEED_EXAMPLES = 1024  # inference speed: the first test inputs, the same for both models
 
@@ -136,15 +135,20 @@ class Distiller:
         return {k: float(v) for k, v in self._step(x, y).items()}
 
 
-def train_student(distiller: Distiller, split: task_model.Split, batch_size: int, total_steps: int,
+def train_student(distiller: Distiller, split, batch_size: int, total_steps: int,
                   seed: int, log=print, every: int = 0) -> list[dict]:
     """`total_steps` steps over shuffled epochs of `split`; returns the loss history (the mean
     of each `every`-step window, logged to MLflow)."""
     import tensorflow as tf
 
-    n = len(split.y["logits"])
-    ds = tf.data.Dataset.from_tensor_slices((split.x, split.y["logits"]))
-    ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat().batch(batch_size)
+    if hasattr(split, "dataset"):  # TFRecords (records.RecordSplit), streamed
+        from pipeline.finetuning.records import SHUFFLE_BUFFER
+
+        ds = split.dataset(batch_size, SHUFFLE_BUFFER, seed).map(lambda x, y: (x, y["logits"]))
+    else:
+        n = len(split.y["logits"])
+        ds = tf.data.Dataset.from_tensor_slices((split.x, split.y["logits"]))
+        ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat().batch(batch_size)
     every = every or max(1, min(50, total_steps // 10))
     history, window, started = [], [], time.time()
     for step, (x, y) in enumerate(ds.take(total_steps), start=1):

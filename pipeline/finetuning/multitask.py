@@ -19,7 +19,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
-from pipeline.finetuning import outputs, readers, runtime, task_model
+from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
 from models import preprocessor
 from pipeline.text import vocab as vocab_lib
@@ -64,9 +64,13 @@ def task_schedule(ratios, seed: int):
                                                 seed=seed, stop_on_empty_dataset=False)
 
 
-def task_batches(split: task_model.Split, batch_size: int, seed: int):
-    """An endless, reshuffled stream of full (x, y, sample_weight) batches of one task."""
+def task_batches(split, batch_size: int, seed: int):
+    """An endless, reshuffled stream of full (x, y, sample_weight) batches of one task: its
+    TFRecords streamed (records.RecordSplit), or a Split in memory."""
     import tensorflow as tf
+
+    if hasattr(split, "dataset"):
+        return split.dataset(batch_size, records.SHUFFLE_BUFFER, seed)
 
     n = len(next(iter(split.x.values())))
     parts = (split.x, split.y) + ((split.sample_weight,) if split.sample_weight else ())
@@ -112,16 +116,17 @@ def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int, log=p
 # ---------------------------------------------------------------------------
 # Building the models
 # ---------------------------------------------------------------------------
-def load_tasks(config: Config, pre_for, log=print) -> list[Task]:
-    """Data and features of every task (the finetune stage's readers and features)."""
+def load_tasks(config: Config, vocab: list, vocab_path, lowercase: bool,
+               log=print) -> list[Task]:
+    """Data and features of every task: the finetune stage's readers, and its features written
+    once by the Beam job and streamed (pipeline/finetuning/records.py)."""
     out = []
     for spec in config_lib.multitask_tasks(config):
         fc = spec.finetune
         data = fd.load_task(fc)
-        pre = pre_for(fc.max_seq_length)
-        splits = {name: task_registry.get(fc.task, fc).make_split(examples, pre, data.labels, data.pair)
-                  for name, examples in (("train", data.train), ("validation", data.validation),
-                                         *data.tests.items())}
+        splits = records.write_or_reuse(dataclasses.replace(config, finetune=fc),
+                                        task_registry.get(fc.task, fc), data, vocab, vocab_path,
+                                        lowercase, log)
         counts = data.splits["counts"]
         log(f"multitask: task {spec.name}: {fc.task} on {fc.dataset}: {counts['train']:,} train / "
             f"{counts['validation']:,} validation / {counts['test']:,} test examples"

@@ -39,7 +39,7 @@ from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
-from pipeline.finetuning import outputs, runtime, tasks
+from pipeline.finetuning import outputs, records, runtime, tasks
 from pipeline.finetuning.distillation import (
     SPEED_EXAMPLES,
     Distiller,
@@ -85,11 +85,10 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     vocab_path = tpaths.vocab_file
     lowercase = bool(info["lowercase"])
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(vocab_path), lowercase, info["max_seq_length"])
-    pair = bool(info.get("pair"))
     task = tasks.get("classification", fc)  # the teacher's task
-    splits = {split: task.make_split(examples, pre, data.labels, pair)
-              for split, examples in (("train", data.train), ("validation", data.validation),
-                                      *data.tests.items())}
+    # The teacher's features (the same key: its folder is reused), streamed.
+    splits = records.write_or_reuse(student_config, task, data, vocab_lib.read_vocab(vocab_path),
+                                    vocab_path, lowercase, log)
 
     # 2. Teacher and student.
     teacher = models.load_keras(tpaths.model_keras, compile=False)
@@ -150,7 +149,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
         results[split], predictions[split] = task.evaluate(student, splits[split], data)
         teacher_results[split] = task.evaluate(teacher, splits[split], data)[0]
     speed_batch = 2 * fc.batch_size
-    speed_x = {k: v[:SPEED_EXAMPLES] for k, v in splits["test"].x.items()}
+    speed_x = next(splits["test"].batches(SPEED_EXAMPLES))[1]
     speed = {"teacher": examples_per_second(teacher, speed_x, speed_batch),
              "student": examples_per_second(student, speed_x, speed_batch)}
     metric = data.metric

@@ -44,7 +44,6 @@ from pipeline.finetuning.multitask import (
     write_and_log,
 )
 from pipeline.finetuning.task_model import FinetuneError
-from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 
 
@@ -64,14 +63,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     model_path, vocab_path = task_model.resolve_init(config)
     vocab = vocab_lib.read_vocab(vocab_path)
     lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
-    preprocessors: dict = {}
-
-    def pre_for(seq_length):
-        if seq_length not in preprocessors:
-            preprocessors[seq_length] = preprocessor.TextPreprocessor(vocab, lowercase, seq_length)
-        return preprocessors[seq_length]
-
-    tasks = load_tasks(config, pre_for, log)
+    tasks = load_tasks(config, vocab, vocab_path, lowercase, log)
     steps = mc.steps or default_steps(tasks, fc)
     strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
                                          config.train.allow_cpu)
