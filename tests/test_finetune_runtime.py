@@ -292,3 +292,20 @@ def test_finetune_stage_killed_with_sigkill_resumes_to_the_same_results(tmp_path
     assert resumed and "(step " in resumed[0], out[-3000:]
     assert summary(killed) == summary(tmp_path / "straight")  # bit for bit
     assert not (killed / "run" / "finetune" / ".checkpoints" / "topic").exists()  # removed
+
+
+def test_accumulation_under_a_mirrored_strategy_is_refused_in_one_line():
+    """Keras' optimizer cannot accumulate inside a mirrored step (a RuntimeError deep in
+    `fit`): the stage refuses it first, naming both keys; one device accumulates."""
+    import tensorflow as tf
+
+    from pipeline.finetuning import runtime
+    from pipeline.finetuning.task_model import FinetuneError
+
+    fc = config_lib.FinetuneConfig(grad_accum_steps=2)
+    with pytest.raises(FinetuneError, match=r"finetune.grad_accum_steps = 2 under "
+                                            r"train.strategy = MirroredStrategy") as err:
+        runtime.check_strategy(fc, tf.distribute.MirroredStrategy(["/cpu:0"]))
+    assert "\n" not in str(err.value)
+    runtime.check_strategy(fc, tf.distribute.get_strategy())  # default: fine
+    runtime.check_strategy(config_lib.FinetuneConfig(), tf.distribute.MirroredStrategy(["/cpu:0"]))

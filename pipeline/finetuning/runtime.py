@@ -127,6 +127,24 @@ def resolve_jit_compile(fc, strategy) -> bool | str:
     return CPU_JIT_AUTO
 
 
+def check_strategy(fc, strategy) -> None:
+    """Refuses what Keras' own train step cannot do across replicas: its optimizer's gradient
+    accumulation calls a cross-replica merge inside a conditional (a RuntimeError under the
+    mirrored strategies, even with one replica; measured with TensorFlow 2.21 / Keras 3.15)."""
+    from pipeline.finetuning.task_model import FinetuneError
+
+    import tensorflow as tf
+
+    mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if accumulation(fc) > 1 and isinstance(strategy, mirrored):
+        raise FinetuneError(
+            f"finetune.grad_accum_steps = {accumulation(fc)} under train.strategy = "
+            f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} replica(s)): Keras' "
+            f"optimizer cannot accumulate gradients inside a mirrored step; set "
+            f"finetune.grad_accum_steps = 1 and raise finetune.batch_size (the replicas split "
+            f"it), or use train.strategy = default / one_device")
+
+
 def compile_options(fc, strategy=None) -> dict:
     """The `compile` arguments of the runtime knobs: {"jit_compile", "steps_per_execution"}
     (`strategy`: the one the model is built under; default: the current one)."""

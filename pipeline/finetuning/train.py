@@ -74,6 +74,7 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
     strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
                                          config.train.allow_cpu)
+    runtime.check_strategy(fc, strategy)
     with strategy.scope():
         backbone = runtime.with_precision(load_backbone(model_path), fc.precision)
     if backbone.vocabulary_size != len(vocab):
