@@ -121,3 +121,16 @@ def test_a_new_task_is_one_class(tmp_path, encoder_files, toy_task):
     rows = predictor.Predictor(results["output_dir"]).texts(["Cat sat by the river."])
     assert rows[0]["label"] in ("animal", "other") and set(rows[0]["scores"]) == {"animal",
                                                                                   "other"}
+
+
+def test_a_task_missing_an_abstract_method_cannot_be_made():
+    class Incomplete(tasks.FinetuneTask):
+        name = "incomplete"
+
+        def make_split(self, examples, pre, labels, pair):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()
+    with pytest.raises(ValueError, match="no raw-text SavedModel"):
+        tasks.FinetuneTask.serving_module(tasks.get("classification"), None, None, None, False, {})

@@ -22,6 +22,7 @@ imports this package, so they are registered before any config is loaded.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import ClassVar
 
@@ -109,8 +110,10 @@ def gather(task, model, split, batch_size: int, outputs: tuple, keys: tuple) -> 
     return out
 
 
-class FinetuneTask:
-    """The base of every task; subclasses override what differs (see the module docstring)."""
+class FinetuneTask(abc.ABC):
+    """The base of every task; subclasses override what differs (see the module docstring).
+    A class missing one of the abstract methods cannot be instantiated: `get` fails at once,
+    not half-way through a run."""
 
     name: ClassVar[str] = ""
     datasets: ClassVar[tuple[str, ...]] = ()  # finetune.dataset values that can feed it
@@ -151,8 +154,9 @@ class FinetuneTask:
         return read_table(path, fc.text_column, fc.text_pair_column, fc.label_column,
                           fmt=fc.dataset, regression=False, require_label=self.requires_label)
 
+    @abc.abstractmethod
     def make_split(self, examples: list, pre, labels, pair: bool) -> Split:
-        raise NotImplementedError
+        """Examples -> their features (model inputs, targets, weights, bookkeeping)."""
 
     def rows(self, split: Split, start: int = 0) -> dict:
         """The split's features as fixed-shape numpy arrays, one row per model example: the
@@ -194,8 +198,9 @@ class FinetuneTask:
         return []
 
     # ---- model -----------------------------------------------------------------------
+    @abc.abstractmethod
     def build_model(self, backbone, num_labels: int):
-        raise NotImplementedError
+        """The task model on `backbone` (models/heads.py), `freeze` applied."""
 
     def freeze(self, backbone) -> None:
         """`finetune.freeze`; a head that does not read the pooler leaves it untrained."""
@@ -209,9 +214,9 @@ class FinetuneTask:
         """What `model.fit` trains: the task model itself, or a wrapper around it."""
         return model
 
+    @abc.abstractmethod
     def losses(self) -> dict:
         """keras `compile` arguments: loss (and metrics / weighted_metrics, loss_weights)."""
-        raise NotImplementedError
 
     def compile(self, model, optimizer, loss_weight: float = 1.0, **options) -> None:
         """Compiles with this task's losses; `loss_weight` is its share in multi-task
@@ -222,9 +227,9 @@ class FinetuneTask:
         model.compile(optimizer=optimizer, **kwargs)
 
     # ---- evaluation ------------------------------------------------------------------
+    @abc.abstractmethod
     def evaluate(self, model, split: Split, data, encoder=None) -> tuple[dict, dict]:
         """(metrics, per-example predictions) of `model` on one split."""
-        raise NotImplementedError
 
     def baselines(self, data, seed: int) -> dict:
         """{name: test metrics} of simple models on the same test split."""
@@ -233,8 +238,9 @@ class FinetuneTask:
     def test_artifacts(self, results: dict, predictions: dict, data, out, title: str) -> None:
         """Files beside the model made from the test predictions (e.g. a confusion matrix)."""
 
+    @abc.abstractmethod
     def prediction_row(self, example, prediction: dict, i: int, data) -> dict:
-        raise NotImplementedError
+        """Test example `i` and its prediction as one test_predictions.jsonl row."""
 
     # ---- outputs ---------------------------------------------------------------------
     def task_info(self, data) -> dict:
@@ -243,7 +249,8 @@ class FinetuneTask:
 
     def serving_module(self, model, pre, labels, pair: bool, info: dict):
         """The tf.Module whose `serve` takes raw strings (pipeline/serving/export.py)."""
-        raise NotImplementedError
+        raise ValueError(f"task {self.name!r} has no raw-text SavedModel; write its "
+                         f"`serving_module`, or set `serving = False` on the class")
 
     def export(self, model, pre, folder, labels, pair: bool, info: dict) -> None:
         from pipeline.serving import export
