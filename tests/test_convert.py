@@ -418,8 +418,16 @@ def test_init_from_copies_weights_and_refuses_mismatches(tmp_path, hf_dir, impor
     # Vocabulary size: the run's vocab has 8000 tokens, the checkpoint's 120-odd.
     with pytest.raises(pretrainer.PretrainError, match=rf"{vocab_size} tokens .* has 8000"):
         pretrainer.init_from_checkpoint(pretrainer.build_model(config, 8000), config, run_vocab)
-    # Architecture: both values named, and the overrides that fix it.
-    config = init_from_config(keras_file, num_layers=3, activation="gelu_approximate")
+    # Architecture: a config that contradicts the checkpoint is refused when it is loaded
+    # (tests/test_init_from.py); a Config built otherwise (from_dict: no checkpoint lookup) is
+    # still checked when the weights are copied, both values named, and the overrides that fix it.
+    with pytest.raises(config_lib.ConfigError, match="model.num_layers = 3"):
+        init_from_config(keras_file, num_layers=3)
+    raw = {"model": {"num_layers": 3, "hidden_dim": HIDDEN, "num_heads": HEADS,
+                     "intermediate_dim": INTERMEDIATE, "max_sequence_length": POSITIONS,
+                     "activation": "gelu_approximate", "init_from": str(keras_file)},
+           "data": {"max_seq_length": 64}}
+    config = config_lib.from_dict(raw, "test")
     with pytest.raises(pretrainer.PretrainError) as err:
         pretrainer.init_from_checkpoint(pretrainer.build_model(config, vocab_size), config, run_vocab)
     message = str(err.value)

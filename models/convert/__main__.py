@@ -34,6 +34,10 @@ def _import(kind: str, args) -> int:
     vocab_out = Path(args.vocab_out) if args.vocab_out else out.parent / "vocab.txt"
     if imported.vocab:
         convert.write_vocab(imported.vocab, vocab_out)
+        # The casing travels with the vocab: model.init_from and the tokenizers read it here.
+        vocab_out.with_name("vocab.json").write_text(json.dumps(
+            {"lowercase": imported.lowercase, "strip_accents": imported.lowercase,
+             "imported_from": str(args.directory)}, indent=2) + "\n", encoding="utf-8")
     summary = {
         "model": str(out),
         "vocab": str(vocab_out) if imported.vocab else None,

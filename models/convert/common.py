@@ -283,5 +283,28 @@ def check_vocab_tokens(tokens, source: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Entry points (the format modules are imported lazily).
+# Weight files.
 # ---------------------------------------------------------------------------
+def safetensors_header(file: Path) -> dict:
+    """The header ({tensor name: {"dtype", "shape", "data_offsets"}}) of a safetensors file,
+    checked to be readable and not truncated; else ConversionError naming the file."""
+    import json
+    import struct
+
+    fix = "download it again"
+    if not file.is_file():
+        raise ConversionError(f"{file}: missing (named by the checkpoint's index); {fix}")
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size - 8:
+                raise ValueError(f"header of {length:,} bytes in a file of {size:,}")
+            header = json.loads(handle.read(length))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (struct.error, ValueError, KeyError, TypeError, OSError) as err:
+        raise ConversionError(f"{file}: not a readable safetensors file ({err}); {fix}") from err
+    if ends and 8 + length + max(ends) > size:
+        raise ConversionError(f"{file}: truncated ({size:,} bytes, its header needs "
+                              f"{8 + length + max(ends):,}); {fix}")
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}

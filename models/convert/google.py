@@ -120,10 +120,15 @@ def read_checkpoint(prefix: str) -> dict:
     """
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(prefix)
-    names = reader.get_variable_to_shape_map()
-    return {name: np.asarray(reader.get_tensor(name), dtype="float32")
-            for name in sorted(names) if not SKIPPED.search(name)}
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        names = reader.get_variable_to_shape_map()
+        return {name: np.asarray(reader.get_tensor(name), dtype="float32")
+                for name in sorted(names) if not SKIPPED.search(name)}
+    except (tf.errors.OpError, ValueError) as err:  # a truncated or corrupt .index / .data file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConversionError(f"{prefix}.index / .data-*: not a readable TensorFlow checkpoint "
+                              f"({first}); download the checkpoint directory again") from err
 
 
 def to_keras_weights(variables: dict, architecture: dict, source: str = "checkpoint") -> dict:

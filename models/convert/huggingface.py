@@ -64,6 +64,7 @@ from models.convert.common import (
     layer_paths,
     read_vocab,
     require_bert,
+    safetensors_header,
     split_heads_bias,
     split_heads_kernel,
     split_heads_output_kernel,
@@ -120,6 +121,7 @@ def _read_safetensors_file(path: Path) -> dict:
     """{name: float32 array}; bfloat16 tensors are widened by hand (numpy has no bfloat16)."""
     from safetensors.numpy import load_file
 
+    safetensors_header(path)  # present, readable, not truncated: else one line naming it
     try:
         return {k: np.asarray(v, dtype="float32") for k, v in load_file(str(path)).items()}
     except (TypeError, ValueError) as err:  # e.g. "data type 'bfloat16' not understood"
@@ -171,7 +173,12 @@ def read_state_dict(directory) -> dict:
             state.update(_read_safetensors_file(directory / shard))
         return state
     if (directory / PYTORCH_BIN).is_file():
-        return _read_pytorch_bin(directory / PYTORCH_BIN)
+        try:
+            return _read_pytorch_bin(directory / PYTORCH_BIN)
+        except (RuntimeError, EOFError, ValueError, OSError) as err:  # torch: truncated / not a zip
+            raise ConversionError(f"{directory / PYTORCH_BIN}: not a readable PyTorch checkpoint "
+                                  f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                                  f"; download it again") from err
     raise ConversionError(f"{directory}: no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}")
 
 

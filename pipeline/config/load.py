@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import yaml
 
+from pipeline.config.checkpoint import fill_from_checkpoint
 from pipeline.config.sections import Config, ConfigError, _build
 from pipeline.config.validation import validate
 
@@ -49,6 +51,7 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, "
                               f"got {type(raw).__name__}")
+    file_raw, override_keys = copy.deepcopy(raw), set()
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value "
@@ -61,6 +64,9 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
         node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+        override_keys.add(".".join(parts))
+    # model.init_from: the checkpoint's sizes, vocab and casing (pipeline/config/checkpoint.py).
+    raw = fill_from_checkpoint(raw, file_raw, override_keys, source)
     return from_dict(raw, source)
 
 

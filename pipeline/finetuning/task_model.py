@@ -52,11 +52,16 @@ def resolve_init(config: Config) -> tuple[Path, Path]:
                                 f"run's artifact (runs:/<run id>/model/model.keras)") from err
         return model_path, Path(fc.vocab_file) if fc.vocab_file else (
             vocab or artifacts.require(paths.vocab_file, "the vocab", "vocab"))
+    if fc.init_from and Path(fc.init_from).is_dir():  # a Hugging Face or Google checkpoint
+        model_path = import_checkpoint_dir(Path(fc.init_from), paths.root / "imported")
+        return model_path, Path(fc.vocab_file) if fc.vocab_file else model_path.parent / "vocab.txt"
     if fc.init_from:
         model_path = Path(fc.init_from)
         if not model_path.is_file() or model_path.suffix != ".keras":
-            raise FinetuneError(f"finetune.init_from = {fc.init_from!r} is not a .keras file; give "
-                                f"a model saved by the pretrain or finetune stage (model.keras)")
+            raise FinetuneError(f"finetune.init_from = {fc.init_from!r} is neither a .keras file "
+                                f"nor a checkpoint directory; give a model saved by the pretrain "
+                                f"or finetune stage (model.keras), or a Hugging Face / Google "
+                                f"BERT directory")
     else:
         model_path = artifacts.require(paths.model_keras, "the pretrained model", "train")
     if fc.vocab_file:
@@ -66,6 +71,41 @@ def resolve_init(config: Config) -> tuple[Path, Path]:
     else:
         vocab = artifacts.require(paths.vocab_file, "the vocab", "vocab")
     return model_path, vocab
+
+
+def import_checkpoint_dir(directory: Path, cache: Path) -> Path:
+    """A Hugging Face or Google BERT directory, imported once into
+    <cache>/<name>-<fingerprint>/ (model.keras, vocab.txt, vocab.json with its casing) and
+    reused while the directory's files are unchanged; returns that model.keras."""
+    import hashlib
+    import json
+
+    from models import convert
+    from models.convert.describe import describe
+
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    fingerprint = hashlib.sha256(json.dumps(
+        [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]).encode()).hexdigest()
+    target = cache / f"{_safe_name(directory.resolve().name)}-{fingerprint[:12]}"
+    if (target / "model.keras").is_file() and (target / "vocab.txt").is_file():
+        return target / "model.keras"
+    try:
+        described = describe(directory)
+        with warnings.catch_warnings():  # an encoder-only checkpoint: the heads are not used
+            warnings.filterwarnings("ignore", message=".*keep their random initialisation.*")
+            imported = convert.load_pretrainer(directory)
+    except (convert.ConversionError, OSError) as err:
+        raise FinetuneError(f"finetune.init_from = {str(directory)!r}: {err}") from err
+    if not imported.vocab:
+        raise FinetuneError(f"finetune.init_from = {str(directory)!r} has no vocab.txt; put the "
+                            f"vocab released with the checkpoint there")
+    with artifacts.atomic_dir(target) as tmp:
+        imported.model.save(str(tmp / "model.keras"))
+        convert.write_vocab(imported.vocab, tmp / "vocab.txt")
+        (tmp / "vocab.json").write_text(json.dumps(
+            {"lowercase": described.lowercase, "casing_from": described.casing_from,
+             "imported_from": str(directory)}, indent=2), encoding="utf-8")
+    return target / "model.keras"
 
 
 def load_backbone(model_path: Path):

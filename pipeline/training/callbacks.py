@@ -231,8 +231,11 @@ class HeldOutProbe(keras.callbacks.Callback):
 
     def __init__(self, batches: list, every: int, total_steps: int, log=print,
                  to_mlflow: bool = True, levels=ACCURACY_LEVELS, seconds_before: float = 0.0,
-                 prefix: str = "pretrain"):
+                 prefix: str = "pretrain", at_start: bool = False):
         super().__init__()
+        # at_start: also probe before the first update (step 0) when training starts from
+        # step 0: what an imported checkpoint already knows about this corpus.
+        self.at_start = at_start
         self.batches, self.every, self.total = batches, every, total_steps
         self.log, self.to_mlflow, self.levels, self.prefix = log, to_mlflow, levels, prefix
         self.seconds_before = seconds_before
@@ -246,6 +249,10 @@ class HeldOutProbe(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.start, self.probe_seconds = time.time(), 0.0
         self.last_step = global_step(self.model)
+        if self.at_start and self.last_step == 0 and not self.curve:
+            accuracy = self.probe(0)
+            self.log(f"{self.prefix}: held-out MLM accuracy before the first update (step 0): "
+                     f"{accuracy:.4f}")
 
     def on_train_batch_end(self, batch, logs=None):
         step = global_step(self.model)

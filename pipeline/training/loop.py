@@ -59,6 +59,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     model.init_from or random weights), then evaluates it on its held-out records."""
     config, prefix = phase.config, phase.prefix
     tc, dc = config.train, config.data
+    new_weights = None  # the variables model.init_from did not hold (None: not imported)
     train_data = training_data(config, paths, found[0] if found else 0, log=log,
                                data_dir=phase.data_dir, prefix=prefix)
     eval_data = heldout_data(config, paths, phase.data_dir).map(
@@ -78,7 +79,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         elif previous is not None:
             start_from_previous_phase(model, previous, log, prefix)
         elif config.model.init_from:
-            init_from_checkpoint(model, config, paths.vocab_file, log=log)
+            new_weights = init_from_checkpoint(model, config, paths.vocab_file, log=log)
     start_step = global_step(model)
     params = model.count_params()
     per_token = flops_per_token(config, vocabulary_size)
@@ -99,6 +100,10 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         if start_step:
             mlflow.log_metric("resumed_from_step", start_step, step=start_step)
         tracking.log_parameter_breakdown(model)  # params/params.{json,txt}, params_* metrics
+        if new_weights is not None:  # which weights the run starts without (encoder-only)
+            mlflow.set_tags({"pretrain.init_from": config.model.init_from,
+                             "pretrain.init_from.new_weights":
+                                 ", ".join(new_weights)[:4000] or "none"})
 
     # Time to accuracy: held-out MLM accuracy every train.heldout_every steps on a fixed sample
     # of the held-out batches; the training seconds continue those of the checkpoint resumed.
@@ -107,7 +112,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     if tc.heldout_every:
         sample = eval_data.take(tc.heldout_batches) if tc.heldout_batches else eval_data
         probe = HeldOutProbe(list(sample), tc.heldout_every, tc.steps, log=log, to_mlflow=chief,
-                             seconds_before=seconds_before, prefix=prefix)
+                             seconds_before=seconds_before, prefix=prefix,
+                             at_start=new_weights is not None)
     started = time.time()
     clock = probe.train_seconds if probe else (lambda: seconds_before + time.time() - started)
     stop = StopAt(tc.steps, tc.max_seconds, clock)

@@ -14,6 +14,7 @@ compiled train step (gradient accumulation, clipping, grad-norm logging) and its
 from __future__ import annotations
 
 import types
+import warnings
 from pathlib import Path
 
 import keras
@@ -366,20 +367,23 @@ CONFIG_KEY_OF = {
 }
 
 
-def init_from_checkpoint(model, config: Config, vocab_file: Path, log=print) -> None:
+def init_from_checkpoint(model, config: Config, vocab_file: Path, log=print) -> list:
     """Copies the weights of `config.model.init_from` into `model` (built from the config).
 
     The checkpoint (a .keras file, a Hugging Face or a Google directory; see
     models.convert) must have the architecture this config builds and the run's
     vocab: a different vocabulary size, size, activation, epsilon, position or
     segment count, or a vocab.txt with other tokens, raises PretrainError naming
-    both values.
+    both values. Returns the paths of the variables the checkpoint did not hold (the
+    pretraining heads of an encoder-only checkpoint), which keep their initialisation.
     """
     from models import convert
 
     source = config.model.init_from
     try:
-        imported = convert.load_pretrainer(source)
+        with warnings.catch_warnings():  # the missing heads are reported below, once
+            warnings.filterwarnings("ignore", message=".*keep their random initialisation.*")
+            imported = convert.load_pretrainer(source)
     except (convert.ConversionError, OSError) as err:
         raise PretrainError(f"model.init_from = {source}: {err}") from err
     ours, theirs = convert.architecture_of(model), imported.architecture
@@ -405,4 +409,10 @@ def init_from_checkpoint(model, config: Config, vocab_file: Path, log=print) -> 
                     f"{vocab_file} (id {i}: {b!r} in the checkpoint, {a!r} in the run); the data "
                     f"must be tokenized with the checkpoint's vocab.txt")
     convert.assign_weights(model, convert.keras_weights(imported.model), source=source)
-    log(f"pretrain: initialised from {source} ({len(model.weights)} variables)")
+    new = list(imported.missing)
+    log(f"pretrain: initialised from {source} ({len(model.weights) - len(new)} of "
+        f"{len(model.weights)} variables)")
+    if new:
+        log(f"pretrain: {source} has no pretraining heads; new, randomly initialised: "
+            f"{', '.join(new)} (the MLM decoder is tied to the imported token embeddings)")
+    return new
