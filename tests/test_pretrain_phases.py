@@ -151,7 +151,7 @@ def test_two_phases_train_in_turn_each_its_own_run(tmp_path, monkeypatch):
                                                     "ckpt-00000002.weights.h5"]
     assert not names(paths.checkpoint_dir)
     assert any("pretrain phase2: 48/7" in line for line in lines)
-    assert any(line.startswith("pretrain phase2: tiny BERT") and "batch 4," in line
+    assert any(line.startswith("pretrain phase2: BERT ") and "batch 4," in line
                for line in lines)
 
     parents, stages = runs_by_stage(tmp_path)

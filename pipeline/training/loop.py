@@ -13,6 +13,7 @@ import mlflow
 import tensorflow as tf
 
 from pipeline import artifacts
+from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
@@ -83,7 +84,9 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     start_step = global_step(model)
     params = model.count_params()
     per_token = flops_per_token(config, vocabulary_size)
-    log(f"{prefix}: {config.model.preset} BERT, {params:,} parameters, "
+    arch = config_lib.model_architecture(config)
+    log(f"{prefix}: BERT {arch['num_layers']} layers × {arch['hidden_dim']} "
+        f"({arch['num_heads']} heads), {params:,} parameters, "
         f"{strategy.num_replicas_in_sync} replica(s) under {type(strategy).__name__} "
         f"({strategy_lib.worker_name()}), batch {tc.batch_size}"
         + (f" × {tc.grad_accum_steps} accumulated" if tc.grad_accum_steps > 1 else "")

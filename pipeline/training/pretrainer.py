@@ -341,7 +341,9 @@ def oom_message(config: Config, strategy) -> str:
     tc, dc = config.train, config.data
     replicas = strategy.num_replicas_in_sync
     half = max(1, tc.batch_size // 2)
-    lines = [f"out of memory training {config.model.preset} BERT with train.batch_size = "
+    arch = config_lib.model_architecture(config)
+    lines = [f"out of memory training a BERT of {arch['num_layers']} layers × "
+             f"{arch['hidden_dim']} with train.batch_size = "
              f"{tc.batch_size} ({tc.batch_size // replicas} per replica), data.max_seq_length = "
              f"{dc.max_seq_length}, train.precision = {tc.precision}. Turn one of these knobs:",
              f"  - train.batch_size={half} train.grad_accum_steps={tc.grad_accum_steps * 2} "
