@@ -8,7 +8,7 @@ MLFLOW_DISABLE_TELEMETRY=false in the environment turns it back on.
 TensorFlow runs its CPU matmuls on oneDNN by default only where the CPU has AVX512_VNNI,
 AVX512_BF16 or AMX; elsewhere (AVX2-only CPUs) on Eigen, whose float32 matmuls at BERT's
 shapes were ~1.4x slower (BERT-small's train step: 728 vs 1,048 tokens/s on a 2-core AVX2
-EPYC, README: Benchmarks). TensorFlow reads the switch once, when it loads, so it is set here,
+EPYC, docs/benchmarks.md). TensorFlow reads the switch once, when it loads, so it is set here,
 before anything imports it: TF_ENABLE_ONEDNN_OPTS=0 in the environment keeps Eigen.
 """
 

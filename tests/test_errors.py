@@ -1,4 +1,4 @@
-"""Bad input, counted (README, Bad inputs): each row of BAD_INPUTS is a bad corpus, vocabulary,
+"""Bad input, counted (docs/troubleshooting.md, Bad inputs): each row of BAD_INPUTS is a bad corpus, vocabulary,
 config, labelled file, checkpoint or command-line value given to a run directory whose stages
 all completed. Each gets exit 2 and one line on the console naming the file or key (no
 traceback there: it is in the run's log file), and nothing in the run directory changes."""

@@ -52,7 +52,7 @@ def runs_directly(config: Config) -> bool:
 def workers(config: Config, input_bytes: int) -> int:
     """The direct runner's processes for a job reading `input_bytes` (data.workers; 0 = every
     core once the input holds two groups of data.group_size_mb, so that each process has a
-    group to work on, else one). Measured on 2 cores (README, Scaling out): starting the
+    group to work on, else one). Measured on 2 cores (docs/scaling-out.md): starting the
     workers costs about 1.5 s, so 2 processes were 1 s slower on 6 MB, level on 24 MB and
     20% faster on 48 MB."""
     if config.data.workers:

@@ -34,7 +34,7 @@ def make_strategy(name: str, tpu: str = "", allow_cpu: bool = False) -> tf.distr
             built = "with" if tf.test.is_built_with_cuda() else "without"
             raise StrategyError(
                 f"train.strategy = {name!r} is for GPUs, but TensorFlow (built {built} CUDA) sees "
-                f"none; install the GPU build (`make setup GPU=1`, README: GPU) and check the "
+                f"none; install the GPU build (`make setup GPU=1`, docs/gpu.md) and check the "
                 f"driver (nvidia-smi), or set train.allow_cpu=true to run it on the CPU")
     if name == "one_device":
         gpus = tf.config.list_logical_devices("GPU")
