@@ -294,6 +294,24 @@ def test_import_google_checkpoint_matches_reference(tmp_path, hf_dir):
     assert imported.lowercase is True and imported.missing == []
     assert_close("google import", our_outputs(imported.model, hf_dir["x"]), expected)
 
+    # model.init_from alone: the Google directory decides the sizes, the tanh GELU, the vocab
+    # and (from its name, uncased_…) the casing.
+    from pipeline import config as config_lib
+
+    config = config_lib.load(None, [f"model.init_from={folder}", "data.max_seq_length=64"])
+    assert (config.model.num_layers, config.model.hidden_dim) == (LAYERS, HIDDEN)
+    assert config.model.activation == "gelu_approximate" and config.vocab.lowercase is True
+    assert config.vocab.from_file == str(folder / "vocab.txt")
+    # A data file cut short: one line naming the checkpoint and what to do.
+    data_file = next(folder.glob("bert_model.ckpt.data-*"))
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    with pytest.raises(convert.ConversionError, match=r"bert_model.ckpt.index / .data-\*: not a "
+                                                      r"readable TensorFlow checkpoint .*download"):
+        convert.import_google(folder)
+    data_file.unlink()
+    with pytest.raises(config_lib.ConfigError, match="data file .* is missing"):
+        config_lib.load(None, [f"model.init_from={folder}"])
+
 
 # ---------------------------------------------------------------------------
 # Export and round trip.

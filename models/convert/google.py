@@ -125,7 +125,7 @@ def read_checkpoint(prefix: str) -> dict:
         names = reader.get_variable_to_shape_map()
         return {name: np.asarray(reader.get_tensor(name), dtype="float32")
                 for name in sorted(names) if not SKIPPED.search(name)}
-    except (tf.errors.OpError, ValueError) as err:  # a truncated or corrupt .index / .data file
+    except (tf.errors.OpError, ValueError, IndexError, RuntimeError) as err:  # truncated or corrupt
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConversionError(f"{prefix}.index / .data-*: not a readable TensorFlow checkpoint "
                               f"({first}); download the checkpoint directory again") from err
