@@ -222,7 +222,7 @@ def test_question_answering_squad_v2(tmp_path, encoder_files):
                          "finetune.doc_stride=8", "finetune.name=qa")
     with quiet():
         results = finetuning.fine_tune(config)
-    assert {"exact_match", "f1", "total"} <= set(results["test"])
+    assert {"exact", "f1", "total", "best_f1", "best_f1_thresh"} <= set(results["test"])
     assert 0 <= results["test"]["f1"] <= 100
     # The raw-string SavedModel (in-graph windows, n-best search) == the Python-side answers.
     assert results["export_mismatches"] == 0 and results["export_max_abs_diff"] < 1e-5

@@ -289,13 +289,15 @@ class FinetuneConfig:
     max_examples: int = 0  # cap on each split (0 = all), for quick runs
     max_seq_length: int = 128
     # Question answering: question pieces kept, stride between context windows, longest
-    # answer (pieces), candidates per window, SQuAD v2 "no answer" margin.
+    # answer (pieces), candidates per window, SQuAD v2 "no answer" margin: "" when the null
+    # score minus the best span's score exceeds it; auto = the official script's best-F1
+    # threshold on the validation split, saved with the model (docs/squad.md); or a number.
     max_query_length: int = 64
     doc_stride: int = 128
     max_answer_length: int = 30
     n_best: int = 20
     version_2: bool = False
-    null_score_threshold: float = 0.0
+    null_score_threshold: str = "auto"
     # Long documents (classification, single text): none = truncate to max_seq_length (one
     # window) | mean | max (of the window logits) | attention (learned, over the windows' [CLS]).
     # Windows of max_seq_length - 2 pieces start every window_stride pieces, at most

@@ -6,6 +6,7 @@ Each failure is a `ConfigError` naming the source, the key, the value and what i
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,9 +240,31 @@ def _task_class(fc, source: str):
 GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
 
 
+def null_score_threshold(value) -> float | None:
+    """finetune.null_score_threshold: None for "auto" (chosen on the validation split), else
+    the number; ValueError for anything else."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not math.isfinite(number):
+        raise ValueError(f"finetune.null_score_threshold = {value!r} is neither auto nor a "
+                         f"finite number; give auto (the best-F1 threshold of the validation "
+                         f"split) or a number such as 0.0 (the null score minus the best span "
+                         f"score above which the answer is \"\")")
+    return number
+
+
 def _validate_finetune(config: Config, source: str) -> None:
     fc = config.finetune
     task = _task_class(fc, source)
+    try:
+        null_score_threshold(fc.null_score_threshold)
+    except ValueError as err:
+        raise ConfigError(f"{source}: key {err}") from None
     allowed = task.datasets
     if fc.dataset not in allowed:
         raise ConfigError(f"{source}: key finetune.dataset = {fc.dataset!r} cannot feed "

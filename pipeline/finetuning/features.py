@@ -192,20 +192,28 @@ class SpanSearch:
                     if ex_index not in self.best or score > self.best[ex_index][0]:
                         self.best[ex_index] = (score, context[spans_start[s]:spans_end[e]])
 
+    def candidates(self) -> dict:
+        """{question id: (best span text or "", its score or -inf, null score)}: every
+        question's best non-empty answer before any no-answer decision (SQuAD v2's threshold
+        search runs on these, squad_official.choose_null_threshold)."""
+        out = {}
+        for ex_index, example in enumerate(self.examples):
+            score, text = self.best.get(ex_index, (-np.inf, ""))
+            out[example.qid] = (text, score, self.null.get(ex_index, -np.inf))
+        return out
+
     def answers(self, version_2: bool = False, null_score_threshold: float = 0.0,
                 scores: dict | None = None) -> dict:
         """{question id: answer text}; with `version_2`, "" when the null score exceeds the
         best span's score by more than `null_score_threshold`. `scores`, if given, receives
         {question id: (best span score or -inf, null score)}."""
         predictions = {}
-        for ex_index, example in enumerate(self.examples):
-            score, text = self.best.get(ex_index, (-np.inf, ""))
-            null = self.null.get(ex_index, -np.inf)
+        for qid, (text, score, null) in self.candidates().items():
             if version_2 and null - score > null_score_threshold:
                 text = ""
-            predictions[example.qid] = text
+            predictions[qid] = text
             if scores is not None:
-                scores[example.qid] = (score, null)
+                scores[qid] = (score, null)
         return predictions
 
 

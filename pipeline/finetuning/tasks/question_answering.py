@@ -1,11 +1,23 @@
 """Span question answering (SQuAD v1.1 / v2.0): start and end logits over the context
 (models/heads.py BertSpanExtractor); long contexts in windows every `doc_stride` pieces;
 answers by BERT's n-best search over every window of a question.
+
+SQuAD v2.0 answers "" when the null ([CLS]) score minus the best span's score exceeds
+`finetune.null_score_threshold`. With `auto` (the default) the threshold is the official
+evaluation's best-F1 threshold on the validation split (squad_official.choose_null_threshold),
+chosen for the weights evaluated: every epoch's validation picks its own, the test split and
+the export use the one of the weights kept. It is saved in task.json and baked into the
+raw-text SavedModel. Metrics are evaluate-v2.0.py's (squad_official.evaluate_v2) on the
+written predictions.json and na_prob.json; v1.1 keeps evaluate-v1.1.py's exact_match / f1.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +32,34 @@ from pipeline.finetuning.tasks.base import (
 # The settings of the answer search, saved in task.json and baked into the SavedModel.
 SEARCH_KEYS = ("max_query_length", "doc_stride", "n_best", "max_answer_length", "version_2",
                "null_score_threshold")
+# Null-score thresholds chosen on the validation split, by the weights they were chosen for
+# (`weights_key`): the kept epoch's threshold travels with the kept epoch's weights.
+_CHOSEN: collections.OrderedDict = collections.OrderedDict()
+_REMEMBERED = 256
+
+
+def weights_key(model) -> str:
+    """A digest of every weight of `model` (equal weights, equal answers, equal key)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for weight in model.get_weights():
+        array = np.ascontiguousarray(weight)
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _remember(key: str, threshold: float) -> None:
+    _CHOSEN[key] = float(threshold)
+    _CHOSEN.move_to_end(key)
+    while len(_CHOSEN) > _REMEMBERED:
+        _CHOSEN.popitem(last=False)
+
+
+def fixed_threshold(value) -> float | None:
+    """finetune.null_score_threshold / task.json's value: None for auto, else the number."""
+    from pipeline.config.validation import null_score_threshold
+
+    return None if value is None else null_score_threshold(value)
 
 
 @register
@@ -80,7 +120,12 @@ class QuestionAnswering(FinetuneTask):
         model.compile(optimizer=optimizer, **{"jit_compile": False, **losses, **options})
 
     def evaluate(self, model, split, data, encoder=None):
+        """v1.1: evaluate-v1.1.py's exact_match / f1. v2.0: evaluate-v2.0.py's keys on the
+        answers at the null-score threshold (chosen here when `split` is the validation
+        split and the threshold is auto) and the no-answer probabilities, plus
+        "null_score_threshold" (score units)."""
         from pipeline.finetuning import features, metrics
+        from pipeline.finetuning import squad_official as official
 
         fc = self.fc
         search = features.SpanSearch(split.examples, fc.n_best, fc.max_answer_length)
@@ -88,28 +133,129 @@ class QuestionAnswering(FinetuneTask):
             out = predict_batch(model, x)
             search.add(out["start_logits"], out["end_logits"], rows["example_index"],
                        rows["span_start"], rows["span_end"], rows["max_context"])
-        answers = search.answers(fc.version_2, fc.null_score_threshold)
-        gold = {e.qid: [a for a, _ in e.answers] for e in split.examples}
-        return metrics.squad_evaluate(gold, answers), {"answers": answers}
+        if not fc.version_2:
+            answers = search.answers()
+            gold = {e.qid: [a for a, _ in e.answers] for e in split.examples}
+            return metrics.squad_evaluate(gold, answers), {"answers": answers}
+        candidates = search.candidates()
+        spans = {q: text for q, (text, _, _) in candidates.items()}
+        diffs = {q: float(null) - float(score) for q, (_, score, null) in candidates.items()}
+        gold, has_answer = official.gold_of(split.examples)
+        threshold, source = self._threshold(model, split, data, gold, has_answer, spans, diffs)
+        answers = official.answers_at(spans, diffs, threshold)
+        na_probs = {q: official.na_probability(null, score)
+                    for q, (_, score, null) in candidates.items()}
+        result = {k: float(v) for k, v in
+                  official.evaluate_v2(gold, has_answer, answers, na_probs).items()}
+        result["null_score_threshold"] = float(threshold)
+        return result, {"answers": answers, "na_probs": na_probs,
+                        "null_score_threshold": float(threshold),
+                        "null_score_threshold_source": source}
+
+    def _threshold(self, model, split, data, gold, has_answer, spans, diffs):
+        """(threshold, "config" | "validation") for `model` on `split`."""
+        from pipeline.finetuning import squad_official as official
+
+        fixed = fixed_threshold(self.fc.null_score_threshold)
+        if fixed is not None:
+            return fixed, "config"
+        key = weights_key(model)
+        if data is not None and split.examples is data.validation:
+            _remember(key, official.choose_null_threshold(gold, has_answer, spans, diffs))
+        elif key not in _CHOSEN:  # e.g. a run resumed after its last validation pass
+            validation = self._validation_beside(split, data)
+            if validation is None:
+                raise ValueError("finetune.null_score_threshold = auto, but no threshold was "
+                                 "chosen on the validation split for these weights; evaluate "
+                                 "the validation split first, or set the key to a number")
+            self.evaluate(model, validation, data)
+        return _CHOSEN[key], "validation"
+
+    def _validation_beside(self, split, data):
+        """The validation split's feature records beside `split`'s (records.open_splits
+        names them <split>-*.tfrecord in one folder); None for a split in memory."""
+        files = getattr(split, "files", None)
+        if not files or data is None:
+            return None
+        found = sorted(Path(files[0]).parent.glob("validation-*.tfrecord"))
+        return type(split)(self, found, split.spec, split.inputs, data.validation, 0) \
+            if found else None
+
+    def test_artifacts(self, results, predictions, data, out, title) -> None:
+        """predictions.json (and v2.0's na_prob.json) of each test split, in the official
+        scripts' formats; also logged to the MLflow run (finetune/)."""
+        from pipeline.finetuning import squad_official as official
+        from pipeline.tracking import outbox
+
+        for name, prediction in predictions.items():
+            prefix = "" if name == "test" else f"{name}_"
+            files = [(official.PREDICTIONS, official.write_predictions, "answers")]
+            if "na_probs" in prediction:
+                files.append((official.NA_PROBS, official.write_na_probs, "na_probs"))
+            for filename, write, key in files:
+                path = Path(out.dir) / f"{prefix}{filename}"
+                write(path, prediction[key])
+                outbox.log_text(path.read_text(encoding="utf-8"), f"finetune/{path.name}")
 
     def prediction_row(self, example, prediction, i, data) -> dict:
-        return {"id": example.qid, "question": example.question,
-                "gold": [a for a, _ in example.answers],
-                "predicted": prediction["answers"][example.qid]}
+        row = {"id": example.qid, "question": example.question,
+               "gold": [a for a, _ in example.answers],
+               "predicted": prediction["answers"][example.qid]}
+        if "na_probs" in prediction:
+            row["no_answer_probability"] = prediction["na_probs"][example.qid]
+        return row
 
     # ---- outputs ---------------------------------------------------------------------
     def task_info(self, data) -> dict:
-        return {k: getattr(self.fc, k) for k in SEARCH_KEYS}
+        """The search settings; v2.0 with auto: the threshold is filled in by `export` (the
+        one chosen on validation for the weights exported)."""
+        info = {k: getattr(self.fc, k) for k in SEARCH_KEYS}
+        fixed = fixed_threshold(self.fc.null_score_threshold)
+        info["null_score_threshold"] = fixed if fixed is not None or self.fc.version_2 else 0.0
+        info["null_score_threshold_source"] = ("config" if fixed is not None else
+                                               "validation" if self.fc.version_2 else "unused")
+        return info
 
-    def serving_module(self, model, pre, labels, pair, info):
-        """`info`: the search settings (task.json keys); a missing one takes finetune.*'s
-        default."""
+    def search_settings(self, model, info) -> dict:
+        """build_qa_module's keyword arguments from `info` (task.json keys; a missing one
+        takes finetune.*'s default), the threshold resolved: a number saved there, else the
+        one chosen on validation for `model`'s weights."""
         from pipeline.config import FinetuneConfig
-        from pipeline.serving import word_serving
 
         defaults = dataclasses.asdict(FinetuneConfig())
         settings = {k: (info or {}).get(k, defaults[k]) for k in SEARCH_KEYS}
-        return word_serving.build_qa_module(model, pre, **settings)
+        threshold = fixed_threshold(settings["null_score_threshold"])
+        if threshold is None and settings["version_2"]:
+            threshold = _CHOSEN.get(weights_key(model))
+            if threshold is None:
+                raise ValueError("the SQuAD v2 null-score threshold is auto but none was chosen "
+                                 "on the validation split for this model; evaluate the "
+                                 "validation split first, or give finetune.null_score_threshold "
+                                 "a number")
+        settings["null_score_threshold"] = float(threshold or 0.0)
+        return settings
+
+    def export(self, model, pre, folder, labels, pair, info) -> None:
+        """The SavedModel with the threshold resolved (`search_settings`); `info` and the
+        task.json beside `folder` get it too."""
+        settings = self.search_settings(model, info)
+        if info is not None and info.get("null_score_threshold") != \
+                settings["null_score_threshold"]:
+            info["null_score_threshold"] = settings["null_score_threshold"]
+            task_json = Path(folder).parent / "task.json"
+            if task_json.is_file():
+                saved = json.loads(task_json.read_text())
+                saved["null_score_threshold"] = settings["null_score_threshold"]
+                from pipeline import artifacts
+
+                artifacts.write_text_atomic(task_json, json.dumps(saved, indent=2))
+        super().export(model, pre, folder, labels, pair, info)
+
+    def serving_module(self, model, pre, labels, pair, info):
+        """`info`: the search settings (task.json keys), resolved by `search_settings`."""
+        from pipeline.serving import word_serving
+
+        return word_serving.build_qa_module(model, pre, **self.search_settings(model, info))
 
     def check_export(self, folder, model, pre, data, info) -> dict:
         """Max |exported − in-memory| span / null score and the number of questions whose
