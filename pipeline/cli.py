@@ -3,7 +3,9 @@
 
 Stages, in order: corpus → vocab → data → pretrain; `all` runs the four. By name only:
 finetune, and sweep (the finetune.sweep grid as nested runs, the best point reported),
-multitask (one encoder, a head per task, mixed batches), distill (a smaller student).
+multitask (one encoder, a head per task, mixed batches), distill (a smaller student),
+glue (every GLUE task folder of finetune.glue_dir, or `--tasks cola,sst-2`: dev scores, the
+GLUE score and the test-set submission files).
 Other commands: fill-mask, nsp, attention, embed, params (`python -m pipeline fill-mask --help`).
 Each invocation is one MLflow parent run with a nested run per stage.
 
@@ -106,6 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="re-run stages even if up to date")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show TensorFlow's start-up messages (oneDNN, CUDA probing)")
+    parser.add_argument("--tasks", default="", metavar="TASK,...",
+                        help="glue only: the GLUE tasks to run (cola, sst-2, mrpc, sts-b, qqp, "
+                             "mnli, qnli, rte, wnli; default: every task folder in "
+                             "finetune.glue_dir)")
     parser.add_argument("--scheduled", action="store_true",
                         help=f"for schedulers: exit {EXIT_NOTHING_TO_DO} when every stage was "
                              f"up to date")
@@ -124,6 +130,10 @@ def main(argv=None) -> int:
                   f"{', '.join(STAGES + EXTRA_STAGES)} or all", file=sys.stderr)
         return EXIT_BAD_INPUT
     stages = [s for s in STAGES + EXTRA_STAGES if s in stages]  # always in pipeline order
+    if args.tasks and "glue" not in stages:
+        print("error: --tasks names GLUE tasks for the glue stage; add `glue` to the command "
+              "(python -m pipeline glue --tasks ...) or drop --tasks", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
     from pipeline import artifacts, logs
     from pipeline import config as config_lib
@@ -138,10 +148,12 @@ def main(argv=None) -> int:
     log_file = paths.logs_dir / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
 
     log = logs.setup(log_file).info
-    return _run(config, args.config, stages, args.force, paths, log, scheduled=args.scheduled)
+    return _run(config, args.config, stages, args.force, paths, log, scheduled=args.scheduled,
+                options={"glue": {"tasks": args.tasks}} if args.tasks else None)
 
 
-def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int:
+def _run(config, config_path, stages, force, paths, log, scheduled=False, options=None) -> int:
+    """Runs `stages`; `options`: stage -> keyword arguments of its `run` (glue's --tasks)."""
     from pipeline import artifacts
     from pipeline.tracking import lineage, outbox
     from pipeline.tracking import runs as tracking
@@ -186,7 +198,8 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False) -> int
                 with (tracking.stage_run(stage, config, SPECS[stage].description,
                                          tags=lineage.tags(stage, fp), resume_run_id=resume)
                       if chief else contextlib.nullcontext()) as run:
-                    results[stage] = importlib.import_module(SPECS[stage].module).run(config, log=log)
+                    results[stage] = importlib.import_module(SPECS[stage].module).run(
+                        config, log=log, **(options or {}).get(stage, {}))
                     # Inputs are hashed again after the run: the stage may have created them.
                     fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
                     if chief:

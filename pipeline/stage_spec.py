@@ -98,6 +98,11 @@ _SPECS = (
     StageSpec("distill", "Distilled a fine-tuned classifier into a smaller student (soft "
                          "targets); student vs teacher metric, size and speed.",
               config=("distill",), upstream=("finetune",), output="distill_root", cached=False),
+    # Results and submission files in <run_dir>/glue/, the task models in finetune/glue_<task>/.
+    StageSpec("glue", "GLUE: every task folder fine-tuned with the BERT paper's settings, dev "
+                      "scores and the GLUE score, test-set predictions for the server.",
+              config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False,
+              marker=".glue.stage.json"),
 )
 
 # Every stage by name, in pipeline order (the order the CLI runs them in).
