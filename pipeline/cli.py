@@ -61,6 +61,7 @@ TOOLS = {
     "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
     # MLflow calls a run kept while the tracking store was down, sent now
     "tracking-sync": "pipeline.tools.tracking_sync:main",
+    "server": "pipeline.tools.server:main",  # a team's MLflow server: PostgreSQL + basic auth
 }
 
 

@@ -102,6 +102,31 @@ def _experiment_id(name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+class TrackingAccessError(ValueError):
+    """The tracking server refused this user (HTTP 401: credentials; 403: permission); a
+    ValueError, so the CLI prints its one line and exits 2 (pipeline/cli.py)."""
+
+
+def access_error(err: Exception, uri: str, experiment: str) -> TrackingAccessError | None:
+    """The one-line error for a refusal by an MLflow server with accounts (`make server`,
+    docs/team-server.md); None for any other error."""
+    code = getattr(err, "error_code", "")
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if code == "UNAUTHENTICATED":
+        said = (f"refused the credentials of user {user!r}" if user
+                else "needs credentials and none were given")
+        return TrackingAccessError(
+            f"the tracking server {uri} {said} (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
+            f"MLFLOW_TRACKING_PASSWORD to a user of that server and its password (its admin "
+            f"adds users: docs/team-server.md)")
+    if code == "PERMISSION_DENIED":
+        return TrackingAccessError(
+            f"the tracking server {uri} does not let user {user!r} (MLFLOW_TRACKING_USERNAME) "
+            f"write to experiment {experiment!r} (HTTP 403): ask its admin for EDIT on it "
+            f"(docs/team-server.md) or set tracking.experiment to one you may write to")
+    return None
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=artifacts.PROJECT_ROOT,
@@ -116,7 +141,6 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
     uri = tracking_uri(config)
     create_sqlite_store(uri)
     mlflow.set_tracking_uri(uri)
-    experiment_id = _experiment_id(config.tracking.experiment, uri)
     tags = {
         "pipeline.stages": " ".join(stages),
         "pipeline.run_dir": str(artifacts.Artifacts(config.run_dir).root),
@@ -125,9 +149,16 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
         "lineage.config_hash": hashlib.sha256(config_lib.dump_yaml(config).encode()).hexdigest(),
         "mlflow.note.content": f"Pipeline invocation running stages: {', '.join(stages)}.",
     }
-    mlflow.set_experiment(experiment_id=experiment_id)  # the stage runs nest in the same one
-    run = mlflow.start_run(experiment_id=experiment_id,
-                           run_name=f"pipeline: {' → '.join(stages)}", tags=tags)
+    try:  # the first calls that reach the store: a server refusing this user is one line
+        experiment_id = _experiment_id(config.tracking.experiment, uri)
+        mlflow.set_experiment(experiment_id=experiment_id)  # the stage runs nest in the same one
+        run = mlflow.start_run(experiment_id=experiment_id,
+                               run_name=f"pipeline: {' → '.join(stages)}", tags=tags)
+    except mlflow.exceptions.MlflowException as err:
+        refused = access_error(err, uri, config.tracking.experiment)
+        if refused is None:
+            raise
+        raise refused from err
     paths = artifacts.Artifacts(config.run_dir)
     _close_interrupted(paths, run.info.run_id)
     _remember(paths, "pipeline", run.info.run_id)
