@@ -6,7 +6,8 @@ finetune, and sweep (the finetune.sweep grid as nested runs, the best point repo
 multitask (one encoder, a head per task, mixed batches), distill (a smaller student),
 glue (every GLUE task folder of finetune.glue_dir, or `--tasks cola,sst-2`: dev scores, the
 GLUE score and the test-set submission files).
-Other commands: fill-mask, nsp, attention, embed, params (`python -m pipeline fill-mask --help`).
+Other commands: fill-mask, nsp, attention, embed, params (`python -m pipeline fill-mask --help`);
+cycle, the scheduled loop (`bert-pipeline cycle --help`, docs/scheduling.md).
 Each invocation is one MLflow parent run with a nested run per stage.
 
 A stage whose inputs, settings and code are unchanged since it last completed
@@ -61,6 +62,8 @@ TOOLS = {
     "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
     # MLflow calls a run kept while the tracking store was down, sent now
     "tracking-sync": "pipeline.tools.tracking_sync:main",
+    # the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> register -> promote
+    "cycle": "pipeline.cycle:main",
     "server": "pipeline.tools.server:main",  # a team's MLflow server: PostgreSQL + basic auth
 }
 

@@ -22,6 +22,7 @@ from pipeline.config import FinetuneConfig
 from pipeline.finetuning import readers, tasks
 from pipeline.finetuning import squad_official as official
 from pipeline.finetuning import train as finetuning
+from pipeline.finetuning.tasks import question_answering as qa_task
 from tests import test_finetune
 from tests.test_finetune import ANIMALS, PLACES, make_config, quiet, sentence
 
@@ -371,6 +372,20 @@ def test_squad_v2_fine_tune_saves_and_serves_the_validation_threshold(tmp_path, 
         model, pre, None, False, {**info, "null_score_threshold": other})
     flipped = export.run_qa_model(module.serve, [questions[qids[i]]], [contexts[qids[i]]])[0]
     assert (flipped["answer"] == "") != (row["answer"] == "")
+
+    # A new process (a resumed run) with the kept weights and no validation pass yet: the
+    # test split's evaluation chooses the threshold on the validation records beside its own.
+    from pipeline.finetuning import data as finetune_data
+    from pipeline.finetuning import records
+
+    qa_task._CHOSEN.clear()
+    data = finetune_data.load_task(config.finetune)
+    task = tasks.get("question_answering", config.finetune)
+    [features] = (Path(config.run_dir) / "finetune_features").iterdir()
+    split = records.open_splits(features, task, {"test": data.test})["test"]
+    again, _ = task.evaluate(model, split, data)  # the reloaded model: float32 round-off
+    assert again["null_score_threshold"] == pytest.approx(t, abs=1e-5)
+    assert again == pytest.approx(results["test"], abs=1e-5)
 
     client = mlflow.MlflowClient()
     logged = client.get_run(run.info.run_id).data.metrics

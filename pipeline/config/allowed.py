@@ -127,6 +127,9 @@ RANGES = [
     ("distill.max_steps", 0, None, True),
     ("distill.warmup_fraction", 0.0, 0.5, True),
     ("distill.weight_decay", 0.0, 1.0, True),
+    ("cycle.keep_cycles", 1, None, True),
+    ("cycle.min_new_bytes", 0, None, True),
+    ("cycle.settle_seconds", 0.0, None, True),
 ]
 RANGES += [(f"finetune.{key[len('train.'):]}", *limits) for key, *limits in RANGES
            if key[len("train."):] in TRAIN_KNOBS_IN_FINETUNE and key.startswith("train.")]

@@ -2,7 +2,7 @@
 
 A config file is a nested mapping whose sections mirror the dataclasses below
 (`corpus`, `vocab`, `data`, `model`, `train`, `tracking`,
-`finetune`) plus `run_dir`.
+`finetune`, `multitask`, `distill`, `cycle`) plus `run_dir`.
 Anything not given keeps its default. Command-line overrides use dotted keys:
 
     python -m pipeline pretrain --config configs/pretrain_tiny.yaml train.steps=50
@@ -400,6 +400,22 @@ class DistillConfig:
 
 
 @dataclass
+class CycleConfig:
+    """`bert-pipeline cycle` (pipeline/cycle.py, docs/scheduling.md): pretraining continued on the
+    text that arrived since the last cycle, each task fine-tuned, evaluated, registered, promoted."""
+    # Where new text arrives: a glob, or comma-separated globs (read as corpus.format says).
+    incoming: str = ""
+    # One mapping per task: config (a finetune config file: its finetune section), and optional
+    # name (default: the file's stem), metric (the test metric that decides promotion; default:
+    # the task's own), registered_model, overrides (finetune.key=value items).
+    tasks: list[dict] = field(default_factory=list)
+    continued: list = field(default_factory=list)  # key=value overrides for cycles after the first
+    keep_cycles: int = 3  # cycle folders kept in <run_dir>/cycles/ (MLflow keeps every run)
+    min_new_bytes: int = 1  # less new text than this: nothing to do (exit 3)
+    settle_seconds: float = 60.0  # files changed this recently are left for the next cycle
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/default"
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -411,6 +427,7 @@ class Config:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     multitask: MultitaskConfig = field(default_factory=MultitaskConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    cycle: CycleConfig = field(default_factory=CycleConfig)
 
 
 def get(config: Config, key: str):

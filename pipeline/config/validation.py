@@ -92,6 +92,7 @@ def validate(config: Config, source: str = "<config>") -> None:
     _validate_steps_per_execution(config.finetune, source, "finetune", ("checkpoint_every",))
     _validate_multitask(config, source)
     _validate_distill(config, source)
+    cycle_tasks(config, source)
     if config.model.init_from:
         value = config.model.init_from
         problem = _init_from_problem(Path(value))
@@ -426,3 +427,51 @@ def _validate_distill(config: Config, source: str) -> None:
     if dc.hidden_dim and dc.num_heads and dc.hidden_dim % dc.num_heads:
         raise ConfigError(f"{source}: key distill.num_heads = {dc.num_heads} does not divide "
                           f"distill.hidden_dim = {dc.hidden_dim}; choose a divisor")
+
+# `bert-pipeline cycle` (pipeline/cycle.py): the tasks it fine-tunes, and its overrides.
+CYCLE_TASK_KEYS = ("config", "name", "metric", "registered_model", "overrides")
+
+
+@dataclass
+class CycleTask:
+    name: str  # --task NAME, and the cycle's file names for it
+    config: str  # a finetune config file (or a shipped config's name): its finetune section
+    metric: str  # the test metric that decides promotion ("": the task's own)
+    registered_model: str  # "": the task config's finetune.registered_model, else bert-<name>
+    overrides: list  # finetune.key=value items applied on top of the file's finetune section
+
+
+def cycle_tasks(config: Config, source: str = "<config>") -> list[CycleTask]:
+    """The entries of `cycle.tasks` and `cycle.continued`, checked (not yet the files they name:
+    `bert-pipeline cycle` loads those before it trains anything)."""
+    import re
+
+    for item in config.cycle.continued:
+        if not re.fullmatch(r"[a-z_]+\.[a-z_.]+=.*", item):
+            raise ConfigError(f"{source}: key cycle.continued item {item!r} is not a "
+                              f"section.key=value override (e.g. train.learning_rate=0.0003)")
+    out, seen = [], set()
+    for i, entry in enumerate(config.cycle.tasks):
+        where = f"cycle.tasks[{i}]"
+        unknown = sorted(set(entry) - set(CYCLE_TASK_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {where}.{unknown[0]}; allowed: "
+                              f"{', '.join(CYCLE_TASK_KEYS)}")
+        path = entry.get("config")
+        if not isinstance(path, str) or not path.strip():
+            raise ConfigError(f"{source}: key {where}.config is missing; give the finetune config "
+                              f"file of the task (e.g. configs/finetune_brown.yaml)")
+        name = str(entry.get("name") or Path(path).stem)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in seen:
+            raise ConfigError(f"{source}: key {where}.name = {name!r} is "
+                              f"{'used twice' if name in seen else 'not allowed'}; give each "
+                              f"task a unique name of letters, digits, _, . or -")
+        seen.add(name)
+        overrides = _coerce(entry.get("overrides", []), list, f"{where}.overrides", source)
+        bad = [o for o in overrides if not re.fullmatch(r"finetune\.[a-z_]+=.*", o)]
+        if bad:
+            raise ConfigError(f"{source}: key {where}.overrides item {bad[0]!r} is not a "
+                              f"finetune.key=value override (e.g. finetune.epochs=2)")
+        out.append(CycleTask(name, path, str(entry.get("metric") or ""),
+                             str(entry.get("registered_model") or ""), overrides))
+    return out
