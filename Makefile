@@ -36,7 +36,6 @@ help:
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
-	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
 	@echo "make server     MLflow server for a team: PostgreSQL + basic auth (SERVER_DIR, HOST, PORT, DATABASE_URL); make server-stop"
 
@@ -116,15 +115,6 @@ retrieval-eval: setup
 # For schedulers: exit 0 ran, 1 failed, 2 bad input, 3 nothing to do, 4 already running.
 scheduled: setup
 	$(PY) -m pipeline all --scheduled --config $(CONFIG) $(ARGS)
-
-# The scheduled loop (docs/scheduling.md): the text new in cycle.incoming -> continued
-# pretraining -> each cycle.tasks entry fine-tuned -> evaluated against the champion ->
-# registered -> promoted if better. Exit 3 = nothing new, 4 = already running; schedulers call
-# deploy/run-scheduled.sh (make reports 3 and 4 as its own exit 2).
-.PHONY: cycle
-CYCLE_CONFIG ?= configs/nightly.yaml
-cycle: setup
-	$(PY) -m pipeline cycle --config $(CYCLE_CONFIG) $(ARGS)
 
 # The scheduled loop (docs/scheduling.md): the text new in cycle.incoming -> continued
 # pretraining -> each cycle.tasks entry fine-tuned -> evaluated against the champion ->

@@ -428,6 +428,7 @@ def _validate_distill(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: key distill.num_heads = {dc.num_heads} does not divide "
                           f"distill.hidden_dim = {dc.hidden_dim}; choose a divisor")
 
+
 # `bert-pipeline cycle` (pipeline/cycle.py): the tasks it fine-tunes, and its overrides.
 CYCLE_TASK_KEYS = ("config", "name", "metric", "registered_model", "overrides")
 

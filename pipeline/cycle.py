@@ -1,0 +1,444 @@
+"""`bert-pipeline cycle --config configs/nightly.yaml`: the scheduled loop (docs/scheduling.md).
+
+One cycle = pretraining continued on the text that arrived since the last cycle (all of it the
+first time) → each task of `cycle.tasks` fine-tuned on the new encoder → evaluated on its fixed
+test split against the registered `champion` (cycle_report.html on the cycle's MLflow run) → registered
+→ promoted to `champion` only when it beats the holder on the same split, the comparison written
+on the new model version (tags and description).
+
+    bert-pipeline cycle --config configs/nightly.yaml [key=value ...]     every step
+    ... --step pretrain | finetune [--task NAME] | evaluate | promote     one step (Airflow)
+
+Exit codes (pipeline/cli.py EXIT_*): 0 a cycle (or the step) ran; 3 nothing new (no new text
+since the last cycle and no cycle under way: nothing trained, no MLflow run); 4 already running
+(another invocation holds the run directory's lock); 2 bad input (one line); 5 out of disk.
+
+Each cycle has its folder <run_dir>/cycles/<NNNN>/, the run_dir of its stages, and one MLflow
+parent run ("cycle N") under which each step's pipeline run is nested (the stage runs under
+those). A cycle killed at any point is continued by the next invocation with the same files; its
+completed steps are not done again (the pretraining resumes from its checkpoint).
+
+Why here: the cycle runs stages, and it runs them through the CLI's own runner (`cli._run`), so
+each step gets what `python -m pipeline` gives a stage: the lock, caching and lineage, checksums,
+resume, MLflow runs, the exit codes. The libraries may not import a stage or the CLI
+(import-linter, pyproject.toml), so this module sits beside cli.py at the top of the package; its
+library parts hold no stage: the cycles' state (pipeline/tools/cycle_state.py) and the report
+(pipeline/tools/cycle_report.py). cli.py names it by string in TOOLS (no import back: no cycle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from pipeline import cli
+
+STEPS = ("all", "pretrain", "finetune", "evaluate", "promote")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bert-pipeline cycle", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1].split("\n\nWhy")[0])
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.add_argument("--config", default="configs/nightly.yaml")
+    parser.add_argument("--step", choices=STEPS, default="all")
+    parser.add_argument("--task", default="", help="finetune step: this task only")
+    parser.add_argument("--force", action="store_true",
+                        help="do the steps of the cycle under way again, even if done")
+    args = parser.parse_args(argv[1:] if argv and argv[0] == "cycle" else argv)
+    if args.task and args.step != "finetune":
+        print("error: --task names the task of `--step finetune`; add --step finetune or drop "
+              "--task", file=sys.stderr)
+        return cli.EXIT_BAD_INPUT
+
+    from pipeline import artifacts, logs
+    from pipeline import config as config_lib
+
+    try:
+        config = config_lib.load(args.config, args.overrides)
+        tasks = _check(config, args)
+    except config_lib.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return cli.EXIT_BAD_INPUT
+    root = artifacts.Artifacts(config.run_dir).root
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    log = logs.setup(root / "logs" / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-"
+                                     f"cycle.log").info
+    step = [args.step]
+    try:
+        with cli.RunLock(root):
+            return Cycle(config, args, tasks, root, log).run(step)
+    except cli.AlreadyRunning as err:
+        print(f"error: {err}", file=sys.stderr)
+        return cli.EXIT_ALREADY_RUNNING
+    except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
+        return cli._failed(err, config, log, f"cycle's {step[0]}")
+
+
+def _check(config, args) -> list:
+    """The cycle section and each task's config, loaded now: a bad one is exit 2 before any
+    training."""
+    from pipeline import config as config_lib
+    from pipeline.config.validation import cycle_tasks
+
+    source = str(args.config)
+    if not config.cycle.incoming:
+        raise config_lib.ConfigError(f"{source}: key cycle.incoming is empty; set it to the glob "
+                                     f"where new text arrives (e.g. data/incoming/*.txt)")
+    tasks = cycle_tasks(config, source)
+    for task in tasks:
+        task_config(config, task, None)
+    if args.task and args.task not in [t.name for t in tasks]:
+        raise config_lib.ConfigError(f"{source}: --task {args.task!r} is not a task of "
+                                     f"cycle.tasks; choose one of: "
+                                     f"{', '.join(t.name for t in tasks) or '(none)'}")
+    return tasks
+
+
+def task_config(config, task, cycle_dir: Path | None):
+    """The config of one task's fine-tuning in `cycle_dir`: the cycle's config with the task
+    file's finetune section (plus its overrides), the cycle's new encoder, one output folder per
+    task, no registration (the promote step registers)."""
+    import yaml
+
+    from pipeline import artifacts
+    from pipeline import config as config_lib
+    from pipeline.config.load import find_config
+    from pipeline.finetuning.outputs import registered_name
+
+    where = f"{task.config} (cycle task {task.name})"
+    try:
+        path = find_config(task.config)
+    except config_lib.ConfigError:
+        raise config_lib.ConfigError(
+            f"cycle task {task.name}: config = {task.config!r}: no such file; cycle.tasks names "
+            f"finetune config files (e.g. configs/finetune_brown.yaml) or shipped configs' "
+            f"names") from None
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise config_lib.ConfigError(f"{path}: not valid YAML: {err}") from err
+    section = raw.get("finetune") if isinstance(raw, dict) else None
+    if not isinstance(section, dict):
+        raise config_lib.ConfigError(f"{path}: no finetune section; cycle.tasks names finetune "
+                                     f"config files (e.g. configs/finetune_brown.yaml)")
+    for item in task.overrides:
+        key, _, value = item.partition("=")
+        section[key.split(".", 1)[1]] = yaml.safe_load(value) if value.strip() else ""
+    full = config_lib.to_dict(config)
+    full["finetune"] = section
+    own = config_lib.from_dict(full, where).finetune  # the task's keys, checked
+    section.update(name=task.name, register_model=False,
+                   registered_model=task.registered_model or registered_name(own))
+    if cycle_dir is not None:  # the encoder and vocab this cycle's pretraining wrote
+        at = artifacts.Artifacts(cycle_dir)
+        section.update(init_from=str(at.model_keras), vocab_file=str(at.vocab_file))
+        full["run_dir"] = str(cycle_dir)
+    return config_lib.from_dict(full, where)
+
+
+class Cycle:
+    def __init__(self, config, args, tasks, root: Path, log):
+        from pipeline.tools import cycle_state
+
+        self.config, self.args, self.tasks, self.root, self.log = config, args, tasks, root, log
+        self.cycles = cycle_state.Cycles(root)
+        self.record: dict = {}
+
+    # -- the steps ------------------------------------------------------------------------------
+    def run(self, step: list) -> int:
+        from pipeline import artifacts
+
+        args = self.args
+        record = self.cycles.open_cycle()
+        if args.step in ("all", "pretrain") and record is None:
+            cc = self.config.cycle
+            new, settling = self.cycles.scan(cc.incoming, cc.settle_seconds, artifacts.RUN_ROOT)
+            if settling:
+                self.log(f"cycle: {len(settling)} file(s) changed in the last "
+                         f"{cc.settle_seconds:g} s left for the next cycle: {settling[0]} ...")
+            size = sum(f["bytes"] for f in new)
+            if not new or size < cc.min_new_bytes:
+                self.log(f"nothing new: no new text in {cc.incoming} (below "
+                         f"{artifacts.RUN_ROOT} if relative) since the last cycle"
+                         + (f" ({size:,} bytes < cycle.min_new_bytes)" if new else "")
+                         + "; nothing trained")
+                return cli.EXIT_NOTHING_TO_DO
+            record = self.cycles.open_new(new)
+            self.log(f"cycle {record['number']}: opened on {len(new)} new file(s), {size:,} "
+                     f"bytes ({sum(f['changed'] for f in new)} changed since trained on), "
+                     f"copied to {self.cycles.folder(record) / 'incoming'}")
+        elif record is None:
+            self.log("nothing to do: no cycle is under way (`--step pretrain` opens one when "
+                     "new text arrived)")
+            return cli.EXIT_NOTHING_TO_DO
+        else:
+            self.log(f"cycle {record['number']}: under way since {record['opened']}; "
+                     f"continuing (steps done: {', '.join(record['steps']) or 'none'})")
+        self.record, self.dir = record, self.cycles.folder(record)
+        self._tracking()
+        for name in ("pretrain", "finetune", "evaluate", "promote"):
+            if args.step not in ("all", name):
+                continue
+            step[0] = name
+            self._require(name)
+            try:
+                code = getattr(self, name)()
+            except BaseException:
+                self._failed(name)
+                raise
+            if code:
+                self._failed(name)
+                return code
+        return cli.EXIT_OK
+
+    def _failed(self, step: str) -> None:
+        """The cycle's run says which step failed (FAILED until a re-run continues it)."""
+        run_id = self.record.get("mlflow_run_id")
+        try:
+            if run_id:
+                self.client.set_tag(run_id, "cycle.failed_step", step)
+                self.client.set_terminated(run_id, "FAILED")
+        except Exception as err:  # noqa: BLE001 - the store may be why it failed
+            self.log(f"cycle: could not mark run {run_id} FAILED ({str(err)[:120]})")
+
+    def _require(self, step: str) -> None:
+        from pipeline import artifacts
+
+        before = {"finetune": ["pretrain"], "evaluate": ["pretrain", "finetune"],
+                  "promote": ["pretrain", "finetune", "evaluate"]}.get(step, [])
+        for needed in before:
+            missing = ([t.name for t in self.tasks
+                        if not self.record["tasks"].get(t.name, {}).get("done")]
+                       if needed == "finetune" else [needed] * (needed not in self.record["steps"]))
+            if missing:
+                what = (f"`--step finetune --task {missing[0]}`" if needed == "finetune"
+                        else f"`--step {needed}`")
+                raise artifacts.MissingArtifact(
+                    f"cycle {self.record['number']} has not done {needed} yet "
+                    f"({', '.join(missing)}); run bert-pipeline cycle {what} first (or the "
+                    f"whole cycle without --step)")
+
+    def _done(self, step: str) -> bool:
+        if step in self.record["steps"] and not self.args.force:
+            self.log(f"cycle {self.record['number']}: {step} already done, not again "
+                     f"(--force does it again)")
+            return True
+        return False
+
+    def pretrain(self) -> int:
+        from pipeline import artifacts
+        from pipeline import config as config_lib
+
+        if self._done("pretrain"):
+            return 0
+        record, cc = self.record, self.config.cycle
+        base = self.cycles.cycles_dir / f"{record['base']:04d}" if record["base"] else None
+        extra = []
+        if base is not None:
+            previous = artifacts.Artifacts(base)
+            for path in (previous.model_keras, previous.vocab_file):
+                artifacts.require(path, f"cycle {record['base']}'s encoder (this cycle "
+                                        f"continues it)", "pretrain")
+            extra = [*cc.continued, f"model.init_from={previous.model_keras}",
+                     f"vocab.from_file={previous.vocab_file}"]
+        if self.config.tracking.register_encoder and not self.config.tracking.encoder_name:
+            extra.append(f"tracking.encoder_name=bert-encoder-{self.root.name}")
+        config = config_lib.load(self.args.config, [
+            *self.args.overrides, *extra, f"run_dir={self.dir}", "corpus.source=files",
+            f"corpus.path={self.dir / 'incoming'}/*"])
+        code = self._stages(config, "pretrain", list(cli.STAGES), scheduled=True)
+        if code not in (cli.EXIT_OK, cli.EXIT_NOTHING_TO_DO):  # 3: every stage already done
+            return code
+        record["steps"]["pretrain"] = {"done": _now(), "mlflow_run_id": self.last_run}
+        self.cycles.save(record)
+        return 0
+
+    def finetune(self) -> int:
+        for task in self.tasks:
+            if self.args.task and task.name != self.args.task:
+                continue
+            entry = self.record["tasks"].setdefault(task.name, {})
+            if entry.get("done") and not self.args.force:
+                self.log(f"cycle {self.record['number']}: {task.name} already fine-tuned, not "
+                         f"again (--force does it again)")
+                continue
+            config = task_config(self.config, task, self.dir)
+            code = self._stages(config, f"finetune-{task.name}", ["finetune"])
+            if code:
+                return code
+            entry.update(finetune_run_id=self.last_run, done=_now(),
+                         registered_model=config.finetune.registered_model)
+            self.cycles.save(self.record)
+        return 0
+
+    def evaluate(self) -> int:
+        """Each task's test metric against the champion's on the same split; the report."""
+        from pipeline import artifacts
+        from pipeline.tools import cycle_report
+
+        if self._done("evaluate"):
+            return 0
+        for i, task in enumerate(self.tasks):
+            entry = self.record["tasks"][task.name]
+            result = cycle_report.task_result(
+                artifacts.Artifacts(self.dir).finetune(task.name).dir, task.metric,
+                f"cycle.tasks[{i}] ({task.name})")
+            holder = cycle_report.champion(entry["registered_model"], result["metric"])
+            entry.update(metric=result["metric"], value=result["value"],
+                         split_id=result["split_id"], champion=holder,
+                         comparison=cycle_report.compare(result, holder))
+            self.log(f"cycle {self.record['number']}: {task.name}: {entry['comparison']}")
+        self._report(final=False)
+        self.record["steps"]["evaluate"] = {"done": _now()}
+        self.cycles.save(self.record)
+        return 0
+
+    def promote(self) -> int:
+        """Registers each task's model (on the cycle's run) and moves `champion` only to a
+        better one; the comparison on the new version; the report again; the cycle closed."""
+        import mlflow
+
+        from pipeline import artifacts
+        from pipeline.serving import mlflow_model
+        from pipeline.tools import cycle_report
+        from pipeline.tracking import runs as tracking
+
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        record, run_id = self.record, self.record["mlflow_run_id"]
+        for task in self.tasks:
+            entry = record["tasks"][task.name]
+            # The champion now (another run may have been promoted since the evaluate step).
+            holder = cycle_report.champion(entry["registered_model"], entry["metric"])
+            entry.update(champion=holder, comparison=cycle_report.compare(
+                {"metric": entry["metric"], "value": entry["value"],
+                 "split_id": entry["split_id"]}, holder))
+            out = artifacts.Artifacts(self.dir).finetune(task.name)
+            if not out.saved_model.is_dir():
+                entry["decision"] = "not registered: the task has no raw-text model to serve"
+                continue
+            name = entry["registered_model"]
+            if not entry.get("version"):
+                with mlflow.start_run(run_id=run_id):  # the version's source run: the cycle's
+                    uri, version = mlflow_model.log_to_mlflow(
+                        out.dir, json.loads(out.task_json.read_text()), name)
+                entry.update(version=version, model_uri=uri)
+                self.cycles.save(record)  # registered once, even if what follows is killed
+            version = entry["version"]
+            promoted = tracking.promote_if_better(
+                name, version, f"test_{entry['metric']}", entry["value"], entry["split_id"],
+                cycle_report.higher_is_better(entry["metric"]), log=self.log)
+            reason = self.client.get_model_version(name, version).tags.get("promotion", "")
+            entry.update(promoted=promoted, decision=(
+                f"v{version} promoted to champion ({reason})" if promoted
+                else f"v{version} not promoted ({reason})"))
+            link = tracking.run_link(run_id)
+            self.client.update_model_version(name, version, description=(
+                f"Cycle {record['number']} ({record['opened'][:10]}), task {task.name}: "
+                f"{entry['comparison']}. Decision: {entry['decision']}. Review page: "
+                f"cycle_report.html on run {run_id} ({link})."))
+            for key, value in {"cycle.number": record["number"], "cycle.run_id": run_id,
+                               "cycle.finetune_run_id": entry["finetune_run_id"],
+                               "cycle.comparison": entry["comparison"]}.items():
+                self.client.set_model_version_tag(name, version, key, str(value))
+            self.client.set_tag(run_id, f"cycle.{task.name}.decision", entry["decision"])
+        self._report(final=True)
+        record["steps"]["promote"] = {"done": _now()}
+        self.client.set_terminated(run_id, "FINISHED")
+        self.cycles.close(record, self.config.cycle.keep_cycles, self.log)
+        self.log(f"cycle {record['number']}: done ({self.dir})")
+        return 0
+
+    # -- MLflow ---------------------------------------------------------------------------------
+    def _tracking(self) -> None:
+        """The store, and the cycle's parent run (created when the cycle opens, RUNNING until its
+        promote step ends)."""
+        import mlflow
+
+        from pipeline.tracking import outbox
+        from pipeline.tracking import runs as tracking
+
+        outbox.set_http_patience()
+        uri = tracking.tracking_uri(self.config)
+        tracking.create_sqlite_store(uri)
+        mlflow.set_tracking_uri(uri)
+        self.client = mlflow.MlflowClient()
+        self.experiment = tracking._experiment_id(self.config.tracking.experiment, uri)
+        record = self.record
+        if record["mlflow_run_id"]:
+            if self.client.get_run(record["mlflow_run_id"]).info.status != "RUNNING":
+                self.client.update_run(record["mlflow_run_id"], status="RUNNING")
+            return
+        files = record["files"]
+        run = self.client.create_run(self.experiment, run_name=f"cycle {record['number']}", tags={
+            "cycle.number": str(record["number"]), "cycle.run_dir": str(self.dir),
+            "cycle.base": str(record["base"] or ""), "cycle.new_files": str(len(files)),
+            "cycle.new_bytes": str(sum(f["bytes"] for f in files)),
+            "mlflow.source.git.commit": tracking.git_commit(),
+            "mlflow.note.content": (
+                f"Cycle {record['number']}: pretraining continued on {len(files)} new file(s) "
+                f"(from {'cycle ' + str(record['base']) if record['base'] else 'scratch'}), "
+                f"then {', '.join(t.name for t in self.tasks) or 'no task'} fine-tuned, "
+                f"evaluated against the champion, registered, promoted if better. The review "
+                f"page: cycle_report.html.")})
+        record["mlflow_run_id"] = run.info.run_id
+        for key, value in {"cycle.incoming": self.config.cycle.incoming,
+                           "cycle.tasks": " ".join(t.name for t in self.tasks),
+                           "cycle.config_file": str(self.args.config)}.items():
+            self.client.log_param(run.info.run_id, key, value)
+        self.cycles.save(record)
+
+    def _stages(self, config, label: str, stages: list, scheduled: bool = False) -> int:
+        """Runs `stages` with the CLI's runner, its config written to configs/<label>.yaml; its
+        pipeline run is then nested under the cycle's run (`self.last_run`)."""
+        from pipeline import artifacts
+        from pipeline import config as config_lib
+
+        path = self.dir / "configs" / f"{label}.yaml"
+        artifacts.write_text_atomic(path, config_lib.dump_yaml(config))
+        since = int(time.time() * 1000) - 1000
+        code = cli._run(config, str(path), stages, self.args.force,
+                        artifacts.Artifacts(config.run_dir), self.log, scheduled=scheduled)
+        self.last_run = ""
+        for run in self.client.search_runs(
+                [self.experiment], f"tags.`pipeline.run_dir` = '{self.dir}' and "
+                                   f"attributes.start_time >= {since}"):
+            if not run.data.tags.get("mlflow.parentRunId"):
+                self.client.set_tag(run.info.run_id, "mlflow.parentRunId",
+                                    self.record["mlflow_run_id"])
+                self.last_run = run.info.run_id
+        return code
+
+    def _report(self, final: bool) -> None:
+        from pipeline import artifacts
+        from pipeline.tools import cycle_report
+
+        tasks = {}
+        for task in self.tasks:
+            entry = self.record["tasks"][task.name]
+            result = cycle_report.task_result(artifacts.Artifacts(self.dir).finetune(task.name).dir,
+                                              entry["metric"], task.name)
+            tasks[task.name] = {**entry, "result": result}
+        written = cycle_report.write(self.dir / "report", self.record,
+                                     cycle_report.pretraining_summary(self.dir), tasks)
+        run_id = self.record["mlflow_run_id"]
+        for path in sorted(written["html"].parent.iterdir()):  # the page at the top, its parts
+            self.client.log_artifact(run_id, str(path), None if path == written["html"]
+                                     else "report")
+        for name, task in tasks.items():
+            self.client.log_metric(run_id, f"{name}.test_{task['metric']}", task["value"])
+            if task.get("champion") and task["champion"]["value"] == task["champion"]["value"]:
+                self.client.log_metric(run_id, f"{name}.champion_test_{task['metric']}",
+                                       task["champion"]["value"])
+        self.log(f"cycle {self.record['number']}: report {written['html']}"
+                 f"{' (final)' if final else ''}")
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")

@@ -1,0 +1,228 @@
+"""`bert-pipeline cycle` (pipeline/cycle.py): which incoming text is new, the exit codes the
+schedulers act on (0 done, 3 nothing new, 4 already running, 2 bad input), and cycles on tiny
+data end to end: the first trains and registers (champion = v1 of each task), the second finds no
+new text (exit 3, nothing trained, no MLflow run), the third continues pretraining on the new
+file only, step by step as the Airflow DAG runs it, and promotes only where the new model beats
+the champion on the same test split (one task forced to lose, one to win, by the champion's
+logged score), the comparison on the new versions and the review page on the cycle's run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+
+import mlflow
+import pytest
+import yaml
+
+from pipeline import artifacts, cli
+from pipeline.tools import cycle_state
+from tests.conftest import make_corpus
+
+
+# ---------------------------------------------------------------------------
+# What is new
+# ---------------------------------------------------------------------------
+def test_scan_takes_new_and_changed_files_once(tmp_path):
+    incoming = tmp_path / "in"
+    incoming.mkdir()
+    (incoming / "a.txt").write_text("one.\n")
+    (incoming / "b.txt").write_text("two.\n")
+    (incoming / ".hidden.txt").write_text("x\n")
+    (incoming / "c.txt.part").write_text("being uploaded\n")
+    cycles = cycle_state.Cycles(tmp_path / "run")
+    new, settling = cycles.scan("in/*.txt, in/*.part", 0, tmp_path)  # relative: below the root
+    assert [os.path.basename(f["path"]) for f in new] == ["a.txt", "b.txt"] and not settling
+    record = cycles.open_new(new)
+    assert cycles.open_cycle()["number"] == 1 and record["base"] is None
+    snapshot = cycles.folder(record) / record["files"][0]["snapshot"]
+    assert snapshot.read_text() == "one.\n"
+    cycles.close(record, keep=1)
+    assert cycles.open_cycle() is None and cycles.last_done()["number"] == 1
+    assert cycles.scan("in/*.txt", 0, tmp_path) == ([], [])  # nothing new
+
+    (incoming / "a.txt").write_text("one, changed.\n")  # taken whole again
+    shutil.copy(incoming / "b.txt", incoming / "b-copy.txt")  # contents trained on: not new
+    os.utime(incoming / "b.txt", ns=(1, 1))  # touched, same contents: not new
+    (incoming / "d.txt").write_text("fresh.\n")
+    new, _ = cycles.scan(str(incoming / "*.txt"), 0, tmp_path)
+    assert {os.path.basename(f["path"]): f["changed"] for f in new} == {"a.txt": True,
+                                                                         "d.txt": False}
+    new, settling = cycles.scan(str(incoming / "*.txt"), 3600, tmp_path)  # still being written?
+    assert not new and len(settling) == 3  # recent (b-copy.txt too: not yet read)
+    second = cycles.open_new(cycles.scan(str(incoming / "*.txt"), 0, tmp_path)[0])
+    assert second["number"] == 2 and second["base"] == 1
+    cycles.close(second, keep=1)  # cycle folders beyond cycle.keep_cycles are removed
+    assert not cycles.folder(record).exists() and cycles.folder(second).is_dir()
+
+
+# ---------------------------------------------------------------------------
+# Exit codes without training
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def run_root(tmp_path, monkeypatch):
+    """Runs, the MLflow store and its artifacts under tmp_path (not the checkout)."""
+    old = artifacts.RUN_ROOT
+    monkeypatch.delenv(artifacts.RUN_ROOT_VARIABLE, raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    artifacts.set_run_root(tmp_path)
+    yield tmp_path
+    artifacts.set_run_root(old)
+    mlflow.set_tracking_uri(None)
+
+
+def _args(root, *extra):
+    return ["cycle", "--config", "configs/test_tiny.yaml", f"cycle.incoming={root}/incoming/*.txt",
+            "cycle.settle_seconds=0", f"tracking.tracking_uri=sqlite:///{root}/mlflow.db", *extra]
+
+
+def test_exit_codes_before_any_training(run_root, capsys):
+    (run_root / "incoming").mkdir()
+    assert cli.main(_args(run_root)) == cli.EXIT_NOTHING_TO_DO  # no text at all yet
+    assert not (run_root / "mlflow.db").exists()  # nothing new: no MLflow run either
+    assert "nothing new" in capsys.readouterr().out
+    assert cli.main(_args(run_root, "--step", "promote")) == cli.EXIT_NOTHING_TO_DO
+
+    make_corpus(run_root / "incoming", documents=6)
+    with cli.RunLock(run_root / "runs" / "test"):  # another invocation holds the lock
+        assert cli.main(_args(run_root)) == cli.EXIT_ALREADY_RUNNING
+    assert "already running" in capsys.readouterr().err
+
+    (run_root / "nofinetune.yaml").write_text("train:\n  steps: 3\n")
+    for extra, says in [
+        (["cycle.incoming="], "cycle.incoming is empty"),
+        (['cycle.tasks=[{"config":"nowhere/task.yaml"}]'], "'nowhere/task.yaml': no such file"),
+        ([f'cycle.tasks=[{{"config":"{run_root}/nofinetune.yaml"}}]'], "no finetune section"),
+        (['cycle.tasks=[{"config":"configs/finetune_brown.yaml","overrides":["finetune.epochs=0"]}]'],
+         "finetune.epochs = 0 is out of range"),
+        (["--step", "finetune", "--task", "nope"], "--task 'nope' is not a task"),
+        (["cycle.continued=[train.steps]"], "is not a section.key=value override"),
+    ]:
+        assert cli.main(_args(run_root, *extra)) == cli.EXIT_BAD_INPUT, extra
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (run_root / "runs" / "test" / "cycles").exists()  # nothing opened
+
+
+# ---------------------------------------------------------------------------
+# Cycles end to end
+# ---------------------------------------------------------------------------
+def _task_files(root) -> dict:
+    """A labelled CSV (animal vs place sentences) and two finetune configs on it (the same
+    test split), registered under two names; name -> its cycle.tasks entry."""
+    rng = random.Random(0)
+    animals, places = ["cat", "dog", "bird"], ["house", "tree", "river", "hill", "road", "city"]
+    filler = ["the", "a", "big", "small", "red", "blue", "saw", "heard", "found", "old", "new", "happy"]
+    rows = ["text,label"]
+    for i in range(60):
+        words = [rng.choice(animals if i % 2 else places)] + rng.sample(filler, 3)
+        rng.shuffle(words)
+        rows.append(f"{' '.join(words).capitalize()}.,{'animal' if i % 2 else 'place'}")
+    (root / "labelled.csv").write_text("\n".join(rows) + "\n")
+    tasks = {}
+    for name, baselines in (("topic", True), ("topic_b", False)):
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({"finetune": {
+            "task": "classification", "dataset": "csv", "train_file": str(root / "labelled.csv"),
+            "max_seq_length": 16, "batch_size": 8, "epochs": 1, "learning_rate": 0.001,
+            "baselines": baselines, "random_init_baseline": False,
+            "registered_model": f"bert-cycle-{name.replace('_', '-')}"}}))
+        tasks[name] = {"config": str(root / f"{name}.yaml")}
+    return tasks
+
+
+def _cycle_runs(client):
+    return client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`cycle.number` != ''")
+
+
+@pytest.mark.slow
+def test_cycles_train_register_skip_and_promote_only_if_better(run_root, capsys):
+    make_corpus(run_root / "incoming", documents=30, seed=0)
+    tasks = _task_files(run_root)
+    args = _args(run_root, "cycle.tasks=" + json.dumps([tasks["topic"]]),
+                 "cycle.continued=[train.learning_rate=0.0005]")
+    names = {"topic": "bert-cycle-topic", "topic_b": "bert-cycle-topic-b"}
+    root = run_root / "runs" / "test"
+    started = time.time()
+
+    # 1. The first cycle: all the text; the task registered, v1 its champion.
+    assert cli.main(args) == cli.EXIT_OK, capsys.readouterr().err[-3000:]
+    client = mlflow.MlflowClient()
+    champion = client.get_model_version_by_alias(names["topic"], "champion")
+    assert str(champion.version) == "1" and champion.tags["promotion"] == "no champion yet"
+    assert champion.tags["cycle.number"] == "1" and "eval.test_accuracy" in champion.tags
+    (run,) = _cycle_runs(client)
+    assert run.info.status == "FINISHED" and run.data.tags["cycle.new_files"] == "2"
+    children = client.search_runs([run.info.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+    assert len(children) == 2  # the pretraining pipeline run, the task's
+    assert champion.run_id == run.info.run_id  # the version's source run: the cycle's
+    listed = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    assert {"report/topic_confusion_matrix.png", "report/topic_finetuning_curves.png",
+            "report/pretraining_curves.png", "report/cycle_report.md"} <= listed
+    assert "cycle_report.html" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    page = (root / "cycles" / "0001" / "report" / "cycle_report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3 and "no champion yet" in page
+    assert "baseline majority" in page  # the baselines, on the same test split
+    first_seconds = time.time() - started
+
+    # 2. No new text: exit 3, nothing trained, no MLflow run, no version.
+    assert cli.main(args) == cli.EXIT_NOTHING_TO_DO
+    assert len(_cycle_runs(client)) == 1
+    assert len(client.search_model_versions(f"name = '{names['topic']}'")) == 1
+
+    # 3. New text, and a second task whose model was registered before (by hand, say). By
+    # construction: topic's champion holds a score no accuracy can beat, topic_b's one any
+    # accuracy beats (the comparison reads the holder's score logged on the same split).
+    client.set_model_version_tag(names["topic"], "1", "eval.test_accuracy", "2.0")
+    client.copy_model_version(f"models:/{names['topic']}/1", names["topic_b"])
+    for key, value in {"eval.test_accuracy": "-1.0", "cycle.number": "",
+                       "eval.test_split": champion.tags["eval.test_split"]}.items():
+        client.set_model_version_tag(names["topic_b"], "1", key, value)
+    client.set_registered_model_alias(names["topic_b"], "champion", "1")
+    args = [a for a in args if not a.startswith("cycle.tasks=")]
+    args.append("cycle.tasks=" + json.dumps([tasks["topic"], tasks["topic_b"]]))
+    extra = run_root / "extra"
+    make_corpus(extra, documents=40, seed=1)
+    shutil.copy(extra / "part-0.txt", run_root / "incoming" / "day-2.txt")
+
+    # Step by step, as the Airflow DAG's tasks run it, continued from cycle 1's encoder.
+    assert cli.main([*args, "--step", "pretrain"]) == cli.EXIT_OK
+    cycle2 = root / "cycles" / "0002"
+    assert [p.name for p in (cycle2 / "incoming").iterdir()] == ["0000-day-2.txt"]  # new only
+    used = yaml.safe_load((cycle2 / "configs" / "pretrain.yaml").read_text())
+    assert used["model"]["init_from"] == str(root / "cycles" / "0001" / "pretrain" / "model.keras")
+    assert used["vocab"]["from_file"] == str(root / "cycles" / "0001" / "vocab" / "vocab.txt")
+    assert used["train"]["learning_rate"] == 0.0005  # cycle.continued
+    capsys.readouterr()
+    assert cli.main([*args, "--step", "evaluate"]) == cli.EXIT_BAD_INPUT  # not fine-tuned yet
+    assert "has not done finetune yet" in capsys.readouterr().err
+    assert cli.main([*args, "--step", "finetune", "--task", "topic"]) == cli.EXIT_OK
+    # The rest of the cycle under way: pretrain and topic are done, not done again.
+    assert cli.main(args) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "pretrain already done" in out and "topic already fine-tuned" in out
+    for task, name in names.items():
+        new = client.get_model_version(name, "2")
+        value = float(new.tags["eval.test_accuracy"])
+        old = client.get_model_version(name, "1")
+        holder = float(old.tags["eval.test_accuracy"])
+        promoted = str(client.get_model_version_by_alias(name, "champion").version) == "2"
+        assert promoted == (value > holder), (task, value, holder)  # the decision = the numbers
+        assert promoted == (task == "topic_b")
+        assert new.tags["cycle.number"] == "2"
+        assert new.tags["eval.test_split"] == old.tags["eval.test_split"]  # the same test split
+        said = "beats" if promoted else "does not beat"
+        assert f"{said} champion v1's {holder:.4f}" in new.tags["promotion"]
+        assert said in new.description and new.description.startswith("Cycle 2")
+    run2 = next(r for r in _cycle_runs(client) if r.data.tags["cycle.number"] == "2")
+    assert run2.data.tags["cycle.base"] == "1" and run2.info.status == "FINISHED"
+    assert "not promoted" in run2.data.tags["cycle.topic.decision"]
+    page = (cycle2 / "report" / "cycle_report.html").read_text()
+    assert "does not beat champion v1" in page and "v2 promoted to champion" in page
+    assert cli.main(args) == cli.EXIT_NOTHING_TO_DO
+    print(f"first cycle {first_seconds:.0f} s, all {time.time() - started:.0f} s")
