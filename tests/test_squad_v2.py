@@ -291,6 +291,41 @@ def test_threshold_chosen_on_validation_is_used_on_test(encoder_files):
     assert prediction["answers"] == {q: text for q, (text, _, _) in test_search.items()}
 
 
+def test_v1_keeps_its_metric_and_both_versions_write_the_official_files(tmp_path,
+                                                                         encoder_files):
+    from models import preprocessor
+    from pipeline.artifacts import FinetuneArtifacts
+    from pipeline.text import vocab as vocab_lib
+    from tests.test_finetune_serving import _task_model
+
+    test = [e for e in qa_examples(random.Random(8), 3, "t") if e.answers]
+    pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 24)
+    fc = FinetuneConfig(task="question_answering", dataset="squad", max_seq_length=24,
+                        max_query_length=6, doc_stride=8, n_best=10, max_answer_length=8)
+    task = tasks.get("question_answering", fc)
+    split = task.make_split(test, pre, None, False)
+    data = readers.TaskData(train=[], validation=[], tests={"test": test}, labels=None)
+    model = _task_model(encoder_files, "BertSpanExtractor", seed=3)
+    result, prediction = task.evaluate(model, split, data)  # v1.1: evaluate-v1.1.py's keys
+    assert set(result) == {"exact_match", "f1", "total"}
+    assert prediction["answers"] == {q: text for q, (text, _, _) in
+                                     _candidates(task, model, split).items()}
+    out = FinetuneArtifacts(tmp_path / "v1")
+    out.dir.mkdir()
+    task.test_artifacts({"test": result}, {"test": prediction}, data, out, "qa")
+    assert sorted(p.name for p in out.dir.iterdir()) == ["predictions.json"]
+    assert json.loads((out.dir / "predictions.json").read_text()) == prediction["answers"]
+
+    v2 = {"answers": {"a": "x", "b": ""}, "na_probs": {"a": 0.25, "b": 0.75}}
+    out = FinetuneArtifacts(tmp_path / "v2")
+    out.dir.mkdir()
+    task.test_artifacts({}, {"test": v2, "test_other": v2}, data, out, "qa")
+    assert sorted(p.name for p in out.dir.iterdir()) == [
+        "na_prob.json", "predictions.json", "test_other_na_prob.json",
+        "test_other_predictions.json"]
+    assert json.loads((out.dir / "na_prob.json").read_text()) == v2["na_probs"]
+
+
 def _candidates(task, model, split) -> dict:
     from pipeline.finetuning import features
     from pipeline.finetuning.tasks.base import predict_batch
