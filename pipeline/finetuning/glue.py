@@ -338,9 +338,13 @@ def write_outputs(run_dir, records: dict, header: dict) -> Path:
     and submission/<TASK>.tsv. Records of earlier runs (`earlier`) keep their files."""
     final = output_dir(run_dir)
     old = {}
-    for record in records.values():
-        for sub in record.get("submission", {}) if record.get("earlier") else ():
-            old[sub] = (final / "submission" / sub).read_text(encoding="utf-8")
+    for record in (r for r in records.values() if r.get("earlier")):
+        for sub in list(record.get("submission", {})):
+            path = final / "submission" / sub
+            if path.is_file():
+                old[sub] = path.read_text(encoding="utf-8")
+            else:  # removed since: the row says "none"
+                del record["submission"][sub]
     with artifacts.atomic_dir(final) as tmp:
         (tmp / "submission").mkdir()
         for record in records.values():
