@@ -4,6 +4,8 @@ container images' Dockerfiles checked against the project."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import shlex
@@ -17,6 +19,7 @@ import pytest
 import yaml
 
 from pipeline import artifacts
+from tests.conftest import make_corpus
 
 PROJECT = artifacts.PROJECT_ROOT
 DEPLOY = PROJECT / "deploy"
@@ -93,10 +96,10 @@ def test_installed_command_runs_outside_the_checkout(installed, tmp_path, corpus
 # ---------------------------------------------------------------------------
 # deploy/: the recipes, with the command lines they hold
 # ---------------------------------------------------------------------------
-def _recipe_env(tmp_path, corpus_dir):
-    """What the recipes leave to their environment: the stages and overrides of a tiny run."""
-    return _env(STAGES="corpus vocab", BERT_PIPELINE_ROOT=str(tmp_path / "state"),
-                ARGS=f"corpus.path={corpus_dir}/*.txt")
+def _recipe_env(tmp_path):
+    """What the recipes leave to their environment: where the state goes (runs/, the MLflow
+    store) and nothing else: each recipe names what it runs (the cycle) and its config."""
+    return _env(BERT_PIPELINE_ROOT=str(tmp_path / "state"))
 
 
 def _local(text: str) -> str:
@@ -104,34 +107,60 @@ def _local(text: str) -> str:
     return text.replace("/opt/bert-pipeline", str(PROJECT))
 
 
-def _tiny(command: str) -> str:
-    """The recipe's command made local, its nightly config the tiny test config."""
-    assert "configs/nightly.yaml" in command
-    return _local(command).replace("configs/nightly.yaml", "configs/test_tiny.yaml")
+def _tiny_cycle_config(tmp_path, incoming) -> Path:
+    """configs/test_tiny.yaml with a cycle section: `incoming` as the new text, one tiny
+    labelled task (tests/test_cycle.py's), no waiting for files to settle."""
+    from tests.test_cycle import _task_files
+
+    raw = yaml.safe_load((PROJECT / "configs" / "test_tiny.yaml").read_text())
+    raw["cycle"] = {"incoming": f"{incoming}/*.txt", "settle_seconds": 0,
+                    "tasks": [_task_files(tmp_path)["topic"]]}
+    path = tmp_path / "nightly-tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def test_the_config_the_recipes_name_exists():
     from pipeline import config as config_lib
+    from pipeline import cycle
+    from pipeline.config.validation import cycle_tasks
 
     named = {m for f in DEPLOY.rglob("*") if f.is_file()
              for m in re.findall(r"configs/[\w.-]+\.yaml", f.read_text(errors="replace"))}
     assert "configs/nightly.yaml" in named
     for name in named:
-        config_lib.load(PROJECT / name)
+        config = config_lib.load(PROJECT / name)
+        for task in cycle_tasks(config):  # the finetune configs the cycle names load too
+            cycle.task_config(config, task, None)
+    nightly = config_lib.load(PROJECT / "configs" / "nightly.yaml")
+    assert nightly.cycle.incoming and cycle_tasks(nightly)
 
 
 @pytest.mark.slow
 def test_recipes_run_as_written(tmp_path, corpus_dir):
-    env = _recipe_env(tmp_path, corpus_dir)
+    """cron, systemd and Kubernetes run one cycle of the scheduled loop each night (a real
+    cycle, then "nothing new" = exit 3, which each maps to success); the Airflow DAG runs a
+    cycle step by step (new text arrived), its pretrain step exiting 3 (skip) once there is none."""
+    env = _recipe_env(tmp_path)
+    config = _tiny_cycle_config(tmp_path, corpus_dir)
+
+    def tiny(command: str) -> str:
+        assert "configs/nightly.yaml" in command and "STAGES=cycle" in command
+        return _local(command).replace("configs/nightly.yaml", str(config))
 
     # cron: the line after the five schedule fields; silent unless a real failure.
     line = next(x for x in (DEPLOY / "crontab.example").read_text().splitlines()
                 if x.strip() and not x.startswith("#"))
-    cron = _tiny(line.split(None, 5)[5])
-    for _ in range(2):  # ran, then nothing to do (exit 3): both silent
-        done = subprocess.run(["bash", "-c", cron], env=env, capture_output=True, text=True,
-                              timeout=600)
+    cron = tiny(line.split(None, 5)[5])
+    for _ in range(2):  # a cycle, then nothing new (exit 3): both silent
+        done = subprocess.run(["bash", "-c", cron], env=env, capture_output=True, text=True, check=False,
+                              timeout=900)
         assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+    state = tmp_path / "state" / "runs" / "test"
+    assert json.loads((state / "cycle" / "state.json").read_text())["last_cycle"] == 1
+    failing = subprocess.run(["bash", "-c", cron.replace(str(config), "no_such_config")],
+                             env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert "failed with exit code 2" in failing.stdout  # a real failure mails the owner
 
     # systemd: a non-root user, the network wanted, 3 and 4 counted as success.
     unit = (DEPLOY / "systemd" / "bert-pipeline.service").read_text()
@@ -139,11 +168,12 @@ def test_recipes_run_as_written(tmp_path, corpus_dir):
     assert keys["User"] not in ("", "root") and keys["Wants"] == "network-online.target"
     assert set(keys["SuccessExitStatus"].split()) == {"3", "4"}
     unit_env = dict(item.split("=", 1) for item in shlex.split(keys["Environment"]))
+    assert unit_env["STAGES"] == "cycle" and unit_env["CONFIG"] == "configs/nightly.yaml"
     service = subprocess.run(shlex.split(_local(keys["ExecStart"])),
                              cwd=_local(keys["WorkingDirectory"]),
-                             env={**env, "CONFIG": _tiny(unit_env["CONFIG"])},
-                             capture_output=True, text=True, timeout=600)
-    assert service.returncode in {0, 3, 4}, service.stderr[-2000:]
+                             env={**env, **unit_env, "CONFIG": str(config)},
+                             capture_output=True, text=True, check=False, timeout=600)
+    assert service.returncode == 3, service.stderr[-2000:]  # nothing new since cron's cycle
 
     # Kubernetes: the container's command and env, resources, the state on a volume.
     job = yaml.safe_load((DEPLOY / "k8s-cronjob.yaml").read_text())
@@ -151,17 +181,38 @@ def test_recipes_run_as_written(tmp_path, corpus_dir):
     container = pod["containers"][0]
     assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"][
         "memory"]
-    container_env = {e["name"]: e["value"] for e in container["env"]}
+    container_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert container_env["BERT_PIPELINE_ROOT"] in mounts  # runs/ and the MLflow store persist
     assert "make setup" not in " ".join(container["command"])
-    k8s_env = {**env, "CONFIG": _tiny(container_env["CONFIG"])}
-    for _ in range(2):  # the wrapper turns 3 (nothing to do) into success
-        pod_run = subprocess.run(container["command"], env=k8s_env, capture_output=True,
-                                 text=True, timeout=600, cwd=_local(container["workingDir"]))
-        assert pod_run.returncode == 0, pod_run.stderr[-2000:]
+    assert container_env["CONFIG"] == "configs/nightly.yaml"
+    assert "STAGES=cycle" in container["command"][-1]
+    pod_run = subprocess.run(container["command"], env={**env, "CONFIG": str(config)},
+                             capture_output=True, text=True, check=False, timeout=600,
+                             cwd=_local(container["workingDir"]))
+    assert pod_run.returncode == 0, pod_run.stderr[-2000:]  # 3 (nothing new) mapped to 0
     policy = job["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
     assert any(r["action"] == "FailJob" and 2 in r["onExitCodes"]["values"] for r in policy)
+
+    # Airflow: one task per step, in a chain, exit 3 = skipped (with what follows).
+    spec = importlib.util.spec_from_file_location("airflow_dag", DEPLOY / "airflow_dag.py")
+    dag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dag)
+    dag.PROJECT, dag.CONFIG = str(PROJECT), str(config)
+    steps = dag.steps()
+    assert [task_id for task_id, _ in steps] == ["pretrain", "finetune_topic", "evaluate",
+                                                 "promote"]
+    assert dag.SKIP == 3 and "skip_on_exit_code=SKIP" in (DEPLOY / "airflow_dag.py").read_text()
+    make_corpus(tmp_path / "day-2", documents=30, seed=2)
+    shutil.copy(tmp_path / "day-2" / "part-0.txt", corpus_dir / "day-2.txt")  # new text arrived
+    for task_id, command in steps:
+        ran = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, check=False,
+                             timeout=900)
+        assert ran.returncode == 0, (task_id, ran.stdout[-2000:] + ran.stderr[-2000:])
+    assert json.loads((state / "cycle" / "state.json").read_text())["last_cycle"] == 2
+    again = subprocess.run(["bash", "-c", steps[0][1]], env=env, capture_output=True, text=True, check=False,
+                           timeout=300)
+    assert again.returncode == dag.SKIP, again.stderr[-2000:]  # no new text: the rest skipped
 
 
 def test_dockerfiles_match_the_project():
