@@ -232,13 +232,8 @@ def test_make_glue_every_task_end_to_end(tmp_path, encoder_files):
     assert "| MNLI-mm | accuracy |" in md and "**GLUE score**" in md and "9 of 9 tasks" in md
 
     # MLflow: the invocation's run, the glue stage's run, one child run per task.
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
-    try:
-        runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
-    finally:
-        mlflow.set_tracking_uri(None)
     by_stage = {}
-    for run in runs:
+    for run in search_runs(tmp_path):
         by_stage.setdefault(run.data.tags.get("pipeline.stage"), []).append(run)
     stage_run = by_stage["glue"][0]
     assert stage_run.data.metrics["glue_score_dev"] == pytest.approx(
@@ -247,15 +242,36 @@ def test_make_glue_every_task_end_to_end(tmp_path, encoder_files):
     assert sorted(r.data.tags["glue.task"] for r in task_runs) == sorted(glue.ENTRIES)
     assert {r.data.tags["mlflow.parentRunId"] for r in task_runs} == {stage_run.info.run_id}
 
-    # Running one task again keeps the others' results and files (same encoder).
+    # One task again, over a learning-rate grid (the paper's protocol): a model per point, the
+    # best dev score kept; the other tasks' results and files stay (same encoder).
     before = (out / "submission" / "CoLA.tsv").read_text()
     code, err = run_cli(*cli_args(tmp_path, encoder_files, tmp_path / "glue_data",
-                                  "--tasks", "WNLI"))
+                                  "--tasks", "RTE", 'finetune.sweep=["learning_rate=0.003,2e-5"]'))
     assert code == 0, err
     again = json.loads((out / "results.json").read_text())
     assert list(again["tasks"]) == list(glue.ENTRIES)
-    assert again["tasks"]["cola"].get("earlier") and not again["tasks"]["wnli"].get("earlier")
-    assert again["glue_score"]["score"] == pytest.approx(results["glue_score"]["score"])
+    assert again["tasks"]["cola"].get("earlier") and not again["tasks"]["rte"].get("earlier")
+    rte = again["tasks"]["rte"]
+    assert [t["point"] for t in rte["trials"]] == [{"learning_rate": 0.003},
+                                                  {"learning_rate": 2e-5}]
+    assert [t["model_dir"].rsplit("/", 1)[1] for t in rte["trials"]] == ["glue_rte_p1",
+                                                                         "glue_rte_p2"]
+    best = max(rte["trials"], key=lambda t: t["score"])
+    assert rte["model_dir"] == best["model_dir"] and rte["point"] == best["point"]
+    assert glue.task_scores(rte["entries"])["rte"] == pytest.approx(best["score"])
+    entries = {n: v for r in again["tasks"].values() for n, v in r["entries"].items()}
+    assert again["glue_score"]["score"] == pytest.approx(glue.glue_score(entries)["score"])
     assert sorted(p.name for p in (out / "submission").iterdir()) == sorted(counts)
     assert (out / "submission" / "CoLA.tsv").read_text() == before
     assert "(earlier run)" in (out / "results.md").read_text()
+    points = [r for r in search_runs(tmp_path) if r.data.tags.get("pipeline.stage") == "glue-point"]
+    assert len(points) == 2
+    assert {r.data.tags["mlflow.parentRunId"] for r in points} == {rte["mlflow_run_id"]}
+
+
+def search_runs(tmp_path) -> list:
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        return mlflow.search_runs(search_all_experiments=True, output_format="list")
+    finally:
+        mlflow.set_tracking_uri(None)

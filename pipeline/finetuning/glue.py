@@ -337,6 +337,7 @@ def write_outputs(run_dir, records: dict, header: dict) -> Path:
     """<run_dir>/glue/ written whole (aside, then moved into place): results.md, results.json
     and submission/<TASK>.tsv. Records of earlier runs (`earlier`) keep their files."""
     final = output_dir(run_dir)
+    records = {t: records[t] for t in ENTRIES if t in records}  # the leaderboard's order
     old = {}
     for record in (r for r in records.values() if r.get("earlier")):
         for sub in list(record.get("submission", {})):

@@ -60,13 +60,13 @@ def run(config: Config, log=print, tasks="") -> dict:
     # 2-3. Each task: fine-tuned (or the majority class), its test files predicted.
     records = {}
     for task in chosen:
-        with _nested(f"glue {task}", {"pipeline.stage": "glue-task", "glue.task": task}) as run:
+        with _nested(f"glue {task}", {"pipeline.stage": "glue-task", "glue.task": task}) as child:
             records[task] = (glue.majority_class(fc.glue_dir, task, log)
                              if task in glue.MAJORITY_CLASS_TASKS else
                              _fine_tune_task(config, task, points, log))
-            records[task]["mlflow_run_id"] = run.info.run_id if run else None
+            records[task]["mlflow_run_id"] = child.info.run_id if child else None
             records[task]["init_from"] = init_from
-            if run:
+            if child:
                 outbox.log_metrics({f"dev_{name.lower()}_{m}": v
                                     for name, values in records[task]["entries"].items()
                                     for m, v in values.items()})
