@@ -57,6 +57,21 @@ its input is float32, whatever the embedding's compute dtype: `TiedMaskedLMHead`
 casts both sides to that dtype, so the largest matmul of a small BERT uses the
 bfloat16 units.)
 
+## The train step (TensorFlow backend)
+
+`BertPretrainer.train_step` is Keras' step plus what large-batch BERT training needs
+between the backward pass and the update: the gradients are densified (the position and
+segment embeddings give IndexedSlices) and summed over the replicas here, before the
+optimizer sees them (its own all-reduce is turned off, `keras_compat.gradients_summed_by_step`),
+so that `global_clipnorm` clips the global batch's gradient, not each replica's; the
+log `grad_norm` is the norm of the gradient the next update uses (unscaled, averaged over
+accumulated micro-batches, before clipping: what a NaN guard reads beside `loss`). Gradient
+accumulation (`gradient_accumulation_steps`), mixed-precision loss scaling
+(`LossScaleOptimizer`) and the compiled loss weights (e.g. the NSP weight) are the
+optimizer's and Keras' own. `compile(fused_kernels=True)` traces the forward and backward
+pass with models/fused.py's kernels; `compile(xla_update=True)` XLA-compiles the update (and
+the norm) alone. On JAX and torch the model trains with Keras' own step.
+
 Example:
 ```python
 import numpy as np
@@ -81,11 +96,13 @@ model.save("pretrainer.keras")
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import keras_hub
 from keras import ops
 
-from models import fused
+from models import fused, keras_compat
 from models.bert import (
     INITIALIZER_STDDEV,
     SERIALIZATION_PACKAGE,
@@ -117,12 +134,22 @@ def pretraining_losses() -> dict:
     return {MLM_OUTPUT: mlm_loss(), NSP_OUTPUT: nsp_loss()}
 
 
+@keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
+class MaskedLMAccuracy(keras.metrics.MeanMetricWrapper):
+    """`keras.metrics.SparseCategoricalAccuracy`'s values from `fused.argmax`: the same
+    indices in one pass over the MLM logits instead of five (models/fused.py)."""
+
+    def __init__(self, name="accuracy", dtype=None):
+        super().__init__(fn=fused.sparse_categorical_accuracy, name=name, dtype=dtype)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype}
+
+
 def pretraining_metrics() -> dict:
     """Accuracy per head, for `compile(weighted_metrics=...)`."""
-    mlm_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-    mlm_accuracy._fn = fused.sparse_categorical_accuracy  # Keras' values, fewer passes
     return {
-        MLM_OUTPUT: [mlm_accuracy],
+        MLM_OUTPUT: [MaskedLMAccuracy(name="accuracy")],
         NSP_OUTPUT: [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     }
 
@@ -141,9 +168,9 @@ class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
     """
 
     def call(self, inputs, mask_positions):
+        dense, layer_norm, bias = keras_compat.masked_lm_head_parts(self)
         x = ops.take_along_axis(inputs, ops.expand_dims(mask_positions, axis=-1), axis=1)
-        x = self._intermediate_dense(x)
-        x = self._intermediate_layer_norm(x)
+        x = layer_norm(dense(x))
         embedding = self.token_embedding
         dtype = embedding.compute_dtype
         kernel = ops.cast(embedding.embeddings, dtype)  # (vocabulary, hidden)
@@ -154,12 +181,12 @@ class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
             flat = ops.reshape(ops.cast(x, dtype), (1, -1, ops.shape(x)[-1]))
             logits = ops.matmul(flat, ops.expand_dims(ops.transpose(kernel), 0))
         logits = ops.reshape(logits, (batch, masked, self.vocabulary_size))
-        outputs = ops.cast(logits, self.compute_dtype) + self._bias
+        outputs = ops.cast(logits, self.compute_dtype) + bias
         return outputs if self.activation is None else self.activation(outputs)
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
-class BertPretrainer(keras_hub.models.Task):
+class BertPretrainer(keras_compat.PrebuiltModel, keras_hub.models.Task):
     """BERT with the masked-LM and next-sentence-prediction heads.
 
     Args:
@@ -167,7 +194,8 @@ class BertPretrainer(keras_hub.models.Task):
         preprocessor: must be `None` (inputs arrive already tokenized and
             masked from the TFRecords); kept for the `Task` config contract.
         compile: bool. If True (default), compile with `pretraining_losses()`,
-            `pretraining_metrics()` and Adam(1e-4); recompile to change them.
+            `pretraining_metrics()` and Adam(1e-4); recompile to change them (and the
+            step's `fused_kernels` / `xla_update`).
 
     Example:
     ```python
@@ -189,6 +217,9 @@ class BertPretrainer(keras_hub.models.Task):
 
     backbone_cls = BertEncoder
     preprocessor_cls = None
+    fused_kernels = False  # compile(fused_kernels=...): models/fused.py in the train step
+    xla_update = False  # compile(xla_update=...): the update XLA-compiled, the step not
+    _compiled_update = None
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
         if preprocessor is not None:
@@ -248,12 +279,18 @@ class BertPretrainer(keras_hub.models.Task):
         loss="auto",
         *,
         weighted_metrics="auto",
+        fused_kernels=False,
+        xla_update=False,
         **kwargs,
     ):
         """`keras.Model.compile` with pretraining defaults for "auto" arguments.
 
         "auto" gives Adam(1e-4), `pretraining_losses()` and
         `pretraining_metrics()` (weighted, so padded prediction slots are ignored).
+        `fused_kernels`: the train step traces models/fused.py's kernels (TensorFlow).
+        `xla_update`: the optimizer's update and the gradient norm run as one XLA
+        function while the step itself is not compiled (TensorFlow; for `jit_compile=False`).
+        Neither is saved with the model: they say how this process trains.
         """
         if optimizer == "auto":
             optimizer = keras.optimizers.Adam(1e-4)
@@ -262,6 +299,129 @@ class BertPretrainer(keras_hub.models.Task):
         if weighted_metrics == "auto":
             weighted_metrics = pretraining_metrics()
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+        self.fused_kernels, self.xla_update = bool(fused_kernels), bool(xla_update)
+        self._compiled_update = None  # built for this optimizer on the first step
+        if keras.backend.backend() == "tensorflow" and self.optimizer is not None:
+            keras_compat.gradients_summed_by_step(self.optimizer)  # train_step sums them
+
+    def prebuild(self, element_spec):
+        """Builds the model, its compiled losses and metrics and the optimizer from a
+        dataset's `element_spec`, before `fit` / `evaluate` (TensorFlow backend).
+
+        Under a strategy Keras' fit/evaluate otherwise pull a first batch and
+        `strategy.reduce` it to build them, which fails for dict batches under
+        MultiWorkerMirroredStrategy (Keras 3.15); after this, that build is skipped.
+        """
+        with self.distribute_strategy.scope():
+            keras_compat.symbolic_build(self, element_spec)
+        self.mark_prebuilt()
+
+    # === The train and test steps ===
+    def train_step(self, *args, **kwargs):
+        """One micro-batch: forward and backward pass, gradients summed over the replicas,
+        the optimizer's update (or accumulation), metrics plus `grad_norm` (TensorFlow;
+        Keras' own step on the other backends)."""
+        if keras.backend.backend() != "tensorflow":
+            return super().train_step(*args, **kwargs)
+        import tensorflow as tf
+
+        (data,) = args
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape, fused.training_kernels(self, self.fused_kernels):
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                     training=True)
+            keras_compat.loss_tracker(self).update_state(
+                keras_compat.unscale_loss_for_distribution(loss),
+                sample_weight=tf.shape(x["token_ids"])[0])
+            scaled_loss = self.optimizer.scale_loss(loss)
+        variables = self.trainable_weights
+        grads = tape.gradient(scaled_loss, variables)
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
+        grads = self._sum_over_replicas(grads)
+        grad_norm = self.gradient_norm(grads, variables)
+        self._apply_update(grads, variables)
+        logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        logs["grad_norm"] = grad_norm
+        return self._reducible(logs)
+
+    def test_step(self, *args, **kwargs):
+        logs = super().test_step(*args, **kwargs)
+        return self._reducible(logs) if keras.backend.backend() == "tensorflow" else logs
+
+    @staticmethod
+    def _sum_over_replicas(grads):
+        """Each replica's gradient summed over the replicas (each replica's loss is already
+        divided by the replica count: the sum is the global batch's gradient)."""
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return grads
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+        for i, g in zip(present, reduced):
+            grads[i] = g
+        return grads
+
+    def gradient_norm(self, grads, variables):
+        """Global norm of the (unscaled, accumulated) gradient the optimizer is about to see;
+        with `xla_update` as one XLA function where nothing is scaled or accumulated (the
+        sums of squares fuse into one pass over each gradient)."""
+        import tensorflow as tf
+
+        optimizer, scale = self.optimizer, None
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            scale = optimizer.dynamic_scale
+            optimizer = optimizer.inner_optimizer
+        elif optimizer.loss_scale_factor:
+            scale = optimizer.loss_scale_factor
+        accum = optimizer.gradient_accumulation_steps
+        if self.xla_update and scale is None and not accum:
+            present = [g for g in grads if g is not None]
+            return _compiled_norm()(present) if present else tf.constant(0.0)
+        squares = []
+        for g, v in zip(grads, variables):
+            if g is None:
+                continue
+            g = tf.cast(g, tf.float32)
+            if scale is not None:
+                g = g / tf.cast(scale, tf.float32)
+            if accum:
+                stored = keras_compat.accumulated_gradient(optimizer, v)
+                g = (g + tf.cast(stored, tf.float32)) / accum
+            squares.append(tf.reduce_sum(tf.square(g)))
+        return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+
+    def _apply_update(self, grads, variables):
+        """`optimizer.apply`, XLA-compiled with `xla_update` (the step stays outside XLA)."""
+        if not self.xla_update:
+            return self.optimizer.apply(grads, variables)
+        if self._compiled_update is None:
+            import tensorflow as tf
+
+            # The variables are captured, not passed: tf.function cannot trace Keras
+            # variables as arguments. They are the trainable weights, the same every step.
+            optimizer, weights = self.optimizer, list(variables)
+            self._compiled_update = tf.function(
+                lambda grads: optimizer.apply(grads, weights), jit_compile=True,
+                autograph=False)
+        return self._compiled_update(grads)
+
+    def _reducible(self, logs):
+        """Under a multi-worker cluster, every log value as shape (1,).
+
+        Keras 3.15 reduces a step's outputs over the workers with
+        `strategy.reduce(MEAN, value, axis=0)`, which fails for the scalars every metric
+        returns; with a leading axis of 1 it is the mean over the workers.
+        """
+        if not keras_compat.in_multi_worker_mode(self.distribute_strategy):
+            return logs
+        import tensorflow as tf
+
+        return {k: tf.reshape(v, [1]) for k, v in logs.items()}
 
     # keras-hub 0.32's PipelineModel.train_on_batch / test_on_batch pass `y` and
     # `sample_weight` through one flat `convert_to_tensor`, which fails for the
@@ -284,6 +444,17 @@ class BertPretrainer(keras_hub.models.Task):
         self.compile(**config)
         if self.built:
             self.optimizer.build(self.trainable_variables)
+
+
+@functools.cache
+def _compiled_norm():
+    """sqrt(sum of squares) over a list of gradients, as one XLA function (TensorFlow)."""
+    import tensorflow as tf
+
+    return tf.function(
+        lambda grads: tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+                                        for g in grads])),
+        jit_compile=True, autograph=False)
 
 
 def build_pretrainer(vocabulary_size: int, preset: str = "tiny", **overrides) -> BertPretrainer:

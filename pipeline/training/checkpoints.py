@@ -1,6 +1,22 @@
 """Checkpoint files of pretraining: finding the latest, the global step, weight digests, and
-starting a phase from the previous phase's weights. The callback that writes them is
-`pipeline.training.callbacks.Checkpointer`.
+starting a phase from the previous phase's weights. The callback that writes them (and keeps
+the newest train.keep_checkpoints) is `pipeline.training.callbacks.Checkpointer`.
+
+A checkpoint is `ckpt-<step>.weights.h5` (Keras' own weights file: model and optimizer
+variables, readable on every Keras backend) with `ckpt-<step>.seeds.json` beside it (the
+dropout seed states, which .weights.h5 does not hold), plus `latest.json` and the run's
+`config.yaml` in the folder. Why not `tf.train.CheckpointManager` for their rotation: it
+manages what `tf.train.Checkpoint` writes, and only that. It saves through the checkpoint's
+private `_write` (TensorFlow's format: `<prefix>.index` + `<prefix>.data-*-of-*`, not a
+.weights.h5 a JAX or torch run can read), deletes exactly those two patterns when it rotates
+(a `.seeds.json` would stay behind forever), keeps its own list in a `checkpoint` state file
+(which would disagree with the files after a kill between a write and its rotation, or after
+`--force` set checkpoints aside), and names files `<name>-<n>` with no zero padding (ours
+are `ckpt-<8-digit step>`, which sort by name and which resume parses). Our rotation is five lines
+in `Checkpointer.save`: after the new checkpoint is complete (written aside, moved into
+place), delete the oldest `.weights.h5` and its `.seeds.json` beyond the newest `keep`,
+ordered by the step in the name (tests/test_training.py
+`test_checkpoint_rotation_keeps_the_newest_with_their_seeds`).
 """
 
 from __future__ import annotations
@@ -15,6 +31,8 @@ from pathlib import Path
 
 import keras
 import numpy as np
+
+from models import keras_compat
 
 CHECKPOINT_RE = re.compile(r"ckpt-(\d{8})\.weights\.h5$")
 
@@ -92,9 +110,7 @@ def start_from_previous_phase(model, previous, log=print, prefix: str = "pretrai
     the weights of the model trained in this process (a list of arrays), or those of the
     phase's final checkpoint (a path)."""
     if isinstance(previous, Path):
-        from keras.src.saving import saving_lib
-
-        saving_lib.load_weights_only(model, str(previous), objects_to_skip=[model.optimizer])
+        keras_compat.load_weights_skipping(model, previous, skip=[model.optimizer])
         log(f"{prefix}: starting from the previous phase's {previous.parent.name}/{previous.name} "
             f"(fresh optimizer and schedule)")
     else:

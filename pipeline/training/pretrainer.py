@@ -1,11 +1,11 @@
-"""The pretraining task: the BERT pretrainer built from the config, its optimizer, the
-compiled train step (gradient accumulation, clipping, grad-norm logging) and its cost.
+"""The pretraining task: the BERT pretrainer built from the config, its optimizer, how its
+step is compiled (the step itself is `models.BertPretrainer.train_step`) and its cost.
 
     build_model        models.BertPretrainer (MLM head tied to the embeddings + NSP/SOP) in
                        train.precision, from model.* (or a converted checkpoint: init_from_checkpoint)
     build_optimizer    AdamW or LAMB with warmup + linear/polynomial decay (models/)
-    compile_model      MLM (weighted) + NSP losses, metrics, `PretrainingStep`, XLA per
-                       `resolve_jit_compile`
+    compile_model      MLM (weighted) + NSP losses, metrics, the step's fused kernels and XLA
+                       per `resolve_jit_compile` / `xla_optimizer`
     flops_per_token    the model FLOPs of one training token (for MFU)
 
 `PretrainError` is the stage's user error: the message says which key to change.
@@ -13,16 +13,14 @@ compiled train step (gradient accumulation, clipping, grad-norm logging) and its
 
 from __future__ import annotations
 
-import types
 import warnings
 from pathlib import Path
 
 import keras
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config
 
 import models
-from models import fused
+from models import fused, keras_compat
 from models.flops import training_flops_per_token
 from models.optimizers import Lamb
 from models.schedules import WarmupPolynomialDecay
@@ -58,7 +56,7 @@ def build_model(config: Config, vocabulary_size: int) -> models.BertPretrainer:
         dtype=None if precision == "float32" else precision,
     )
     model = models.BertPretrainer(backbone)
-    model._fused_kernels = bool(config.train.fused_kernels)  # in the train step (models/fused)
+    model.fused_kernels = bool(config.train.fused_kernels)  # compile_model passes it on
     return model
 
 
@@ -67,7 +65,7 @@ def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
 
     The schedule counts optimizer updates (`micro_steps_per_update` undoes Keras' counting
     of micro-batches under gradient accumulation). Clipping is by the global norm of the
-    averaged gradient of one update: over all replicas (see `PretrainingStep`) and all
+    averaged gradient of one update: over all replicas (see `BertPretrainer.train_step`) and all
     accumulated micro-batches (Keras clips after accumulating).
     """
     accum = tc.grad_accum_steps
@@ -76,9 +74,10 @@ def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
                                      power=tc.decay_power, micro_steps_per_update=accum,
                                      decay_seconds=(tc.max_seconds if tc.decay_over == "max_seconds"
                                                     else 0.0))
-    kwargs = dict(learning_rate=schedule, weight_decay=tc.weight_decay, beta_1=tc.beta_1,
-                  beta_2=tc.beta_2, epsilon=tc.epsilon, global_clipnorm=tc.clipnorm or None,
-                  gradient_accumulation_steps=accum if accum > 1 else None)
+    kwargs = {"learning_rate": schedule, "weight_decay": tc.weight_decay, "beta_1": tc.beta_1,
+              "beta_2": tc.beta_2, "epsilon": tc.epsilon,
+              "global_clipnorm": tc.clipnorm or None,
+              "gradient_accumulation_steps": accum if accum > 1 else None}
     optimizer = Lamb(**kwargs) if tc.optimizer == "lamb" else keras.optimizers.AdamW(**kwargs)
     # BERT does not decay LayerNorm parameters or biases (LAMB: nor adapt their step).
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
@@ -119,7 +118,7 @@ def resolve_jit_compile(setting: str, strategy, precision: str = "float32",
     """
     if setting != "auto":
         return {"true": True, "false": False}[str(setting)]
-    if tf_config.is_op_determinism_enabled():
+    if keras_compat.op_determinism_enabled():
         return False
     if ((precision == "mixed_bfloat16" or fused_kernels)
             and not tf.config.list_logical_devices("GPU")):
@@ -138,7 +137,7 @@ def xla_optimizer(setting: str, strategy, precision: str, fused_kernels: bool = 
     """
     return (setting == "auto" and strategy.num_replicas_in_sync == 1
             and resolve_jit_compile(setting, strategy, precision, fused_kernels) is False
-            and not tf_config.is_op_determinism_enabled())
+            and not keras_compat.op_determinism_enabled())
 
 
 def nsp_weight(config) -> float:
@@ -150,7 +149,9 @@ def nsp_weight(config) -> float:
 def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_execution: int = 1,
                   nsp_weight: float = 1.0):
     """MLM + NSP losses, the NSP loss weighted `nsp_weight` (train.nsp_weight: 0 = MLM only,
-    and then no NSP accuracy), weighted accuracies, our train step (`PretrainingStep`).
+    and then no NSP accuracy), weighted accuracies; the model's own train step with its fused
+    kernels (`model.fused_kernels`, set by `build_model`) and XLA as `resolve_jit_compile`
+    and `xla_optimizer` decide for this strategy.
 
     The MLM loss is the weighted mean over the real predictions of the whole global batch,
     on any number of replicas: the input batches carry weights already divided by their
@@ -159,7 +160,7 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
     replica's sum of weights instead, which is the same on one device only.)
     """
     strategy, precision = tf.distribute.get_strategy(), model.dtype_policy.name
-    fused_kernels = bool(getattr(model, "_fused_kernels", False))
+    fused_kernels = bool(model.fused_kernels)
     mlm_loss = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction="sum_over_batch_size", name="mlm_loss")
     mlm_loss.fn = fused.sparse_categorical_crossentropy  # fused in the train step only
@@ -172,10 +173,9 @@ def compile_model(model, optimizer, jit_compile: str = "auto", steps_per_executi
                   loss_weights={models.pretraining.MLM_OUTPUT: 1.0,
                                 models.pretraining.NSP_OUTPUT: float(nsp_weight)},
                   jit_compile=resolve_jit_compile(jit_compile, strategy, precision,
-                                                      fused_kernels),
-                  steps_per_execution=steps_per_execution)
-    PretrainingStep.install(model, xla_optimizer(jit_compile, strategy, precision,
-                                                 fused_kernels))
+                                                  fused_kernels),
+                  steps_per_execution=steps_per_execution, fused_kernels=fused_kernels,
+                  xla_update=xla_optimizer(jit_compile, strategy, precision, fused_kernels))
 
 
 def normalize_mlm_weights(x, y, sample_weight):
@@ -191,140 +191,12 @@ def normalize_mlm_weights(x, y, sample_weight):
 
 
 class PretrainingStep:
-    """The train step `model.fit` runs (installed on the model instance, not its class).
-
-    Keras' own step, except for what happens to the gradients between the backward pass and
-    the optimizer: they are densified (the position/segment embeddings give IndexedSlices),
-    summed over the replicas HERE (each replica's loss is already divided by the replica
-    count, so the sum is the global batch's gradient), and only then handed to the optimizer,
-    whose own all-reduce is turned off. Keras would otherwise clip each replica's local
-    gradient before its all-reduce, which is not clipping by the global norm. It also adds
-    `grad_norm` to the logs: the global norm of the gradient the next update uses
-    (unscaled, averaged over the accumulated micro-batches; before clipping).
-    """
-
-    @staticmethod
-    def install(model, xla_optimizer: bool = False):
-        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        if not hasattr(optimizer, "_all_reduce_sum_gradients"):
-            raise PretrainError(
-                f"this Keras ({keras.__version__}) has no Optimizer._all_reduce_sum_gradients; "
-                f"pipeline/training/pretrainer.py PretrainingStep needs updating")
-        # The gradients arrive summed over replicas already (see the class docstring).
-        optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
-        model.train_step = types.MethodType(PretrainingStep.train_step, model)
-        model._xla_optimizer = xla_optimizer
-        model.test_step = types.MethodType(PretrainingStep.test_step, model)
+    """Kept for callers of `PretrainingStep.prebuild`: the step is `BertPretrainer`'s own
+    (`train_step`, `test_step`, `prebuild`) since issue 42."""
 
     @staticmethod
     def prebuild(model, element_spec):
-        """Builds the model, losses and metrics from the dataset's element spec, up front.
-
-        Under a strategy Keras' fit/evaluate otherwise pull a first batch and
-        `strategy.reduce` it to build them, which fails for dict batches under
-        MultiWorkerMirroredStrategy (Keras 3.15); with everything built there is nothing
-        left for that step to do, so it is skipped.
-        """
-        with model.distribute_strategy.scope():
-            model._symbolic_build(data_batch=element_spec)
-        model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
-
-    @staticmethod
-    def train_step(model, data):
-        from keras.src.losses import loss as loss_module
-        from keras.src.trainers.data_adapters import data_adapter_utils
-
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        kernels = fused.training_kernels(model, getattr(model, "_fused_kernels", False))
-        with tf.GradientTape() as tape, kernels:
-            y_pred = model(x, training=True)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                       training=True)
-            batch = tf.shape(x["token_ids"])[0]
-            model._loss_tracker.update_state(loss_module.unscale_loss_for_distribution(loss),
-                                             sample_weight=batch)
-            scaled_loss = model.optimizer.scale_loss(loss)
-        variables = model.trainable_weights
-        grads = tape.gradient(scaled_loss, variables)
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync > 1:
-            present = [i for i, g in enumerate(grads) if g is not None]
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
-            for i, g in zip(present, reduced):
-                grads[i] = g
-        grad_norm = PretrainingStep.update_norm(model.optimizer, grads, variables,
-                                                compiled=getattr(model, "_xla_optimizer", False))
-        PretrainingStep.apply_function(model, variables)(grads)
-        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        logs["grad_norm"] = grad_norm
-        return PretrainingStep.reducible(model, logs)
-
-    @staticmethod
-    def apply_function(model, variables):
-        """`model.optimizer.apply` on `variables`, XLA-compiled if `install` was told so
-        (`xla_optimizer`: the step itself stays outside XLA)."""
-        optimizer = model.optimizer
-        if not getattr(model, "_xla_optimizer", False):
-            return lambda grads: optimizer.apply(grads, variables)
-        if getattr(model, "_xla_apply", None) is None:
-            # The variables are captured, not passed: tf.function cannot trace Keras variables
-            # as arguments. They are the model's trainable weights, the same list every step.
-            weights = list(variables)
-            model._xla_apply = tf.function(lambda grads: optimizer.apply(grads, weights),
-                                           jit_compile=True, autograph=False)
-        return model._xla_apply
-
-    @staticmethod
-    def test_step(model, data):
-        return PretrainingStep.reducible(model, type(model).test_step(model, data))
-
-    @staticmethod
-    def reducible(model, logs):
-        """Under a multi-worker cluster, every log value as shape (1,).
-
-        Keras 3.15 reduces a step's outputs over the workers with
-        `strategy.reduce(MEAN, value, axis=0)`, which fails for the scalars every metric
-        returns; with a leading axis of 1 it is the mean over the workers.
-        """
-        strategy = model.distribute_strategy
-        if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-                and strategy.extended._in_multi_worker_mode()):
-            return logs
-        return {k: tf.reshape(v, [1]) for k, v in logs.items()}
-
-    @staticmethod
-    def update_norm(optimizer, grads, variables, compiled=False):
-        """Global norm of the (unscaled, accumulated) gradient the optimizer is about to see;
-        `compiled`: as one XLA function where nothing is scaled or accumulated (the sums of
-        squares fuse into one pass over each gradient)."""
-        scale = None
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            scale = optimizer.dynamic_scale
-            optimizer = optimizer.inner_optimizer
-        elif optimizer.loss_scale_factor:
-            scale = optimizer.loss_scale_factor
-        accum = optimizer.gradient_accumulation_steps
-        if compiled and scale is None and not accum:
-            present = [g for g in grads if g is not None]
-            return _compiled_norm(present) if present else tf.constant(0.0)
-        squares = []
-        for g, v in zip(grads, variables):
-            if g is None:
-                continue
-            g = tf.cast(g, tf.float32)
-            if scale is not None:
-                g = g / tf.cast(scale, tf.float32)
-            if accum:
-                stored = optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
-                g = (g + tf.cast(stored, tf.float32)) / accum
-            squares.append(tf.reduce_sum(tf.square(g)))
-        return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
-
-
-@tf.function(jit_compile=True, autograph=False)
-def _compiled_norm(grads):
-    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]))
+        model.prebuild(element_spec)
 
 
 def flops_per_token(config: Config, vocabulary_size: int) -> float:
@@ -342,13 +214,13 @@ def oom_message(config: Config, strategy) -> str:
     replicas = strategy.num_replicas_in_sync
     half = max(1, tc.batch_size // 2)
     arch = config_lib.model_architecture(config)
-    lines = [f"out of memory training a BERT of {arch['num_layers']} layers × "
-             f"{arch['hidden_dim']} with train.batch_size = "
-             f"{tc.batch_size} ({tc.batch_size // replicas} per replica), data.max_seq_length = "
-             f"{dc.max_seq_length}, train.precision = {tc.precision}. Turn one of these knobs:",
-             f"  - train.batch_size={half} train.grad_accum_steps={tc.grad_accum_steps * 2} "
-             f"(same effective batch of {tc.batch_size * tc.grad_accum_steps}, half the memory "
-             f"for activations)"]
+    lines = [(f"out of memory training a BERT of {arch['num_layers']} layers × "
+              f"{arch['hidden_dim']} with train.batch_size = "
+              f"{tc.batch_size} ({tc.batch_size // replicas} per replica), data.max_seq_length = "
+              f"{dc.max_seq_length}, train.precision = {tc.precision}. Turn one of these knobs:"),
+             (f"  - train.batch_size={half} train.grad_accum_steps={tc.grad_accum_steps * 2} "
+              f"(same effective batch of {tc.batch_size * tc.grad_accum_steps}, half the memory "
+              f"for activations)")]
     if tc.precision == "float32":
         lines.append("  - train.precision=mixed_bfloat16 (or mixed_float16 on GPUs older than "
                      "Ampere): activations take half the memory")
