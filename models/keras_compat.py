@@ -19,6 +19,8 @@ one's signature (inspect) and behaviour on a tiny model, and fails naming it whe
     tf.distribute ..._in_multi_worker_mode            in_multi_worker_mode      train/test step
     tensorflow.python.framework.config
         .is_op_determinism_enabled                    op_determinism_enabled    resolve_jit_compile
+    tensorflow.python.util._pywrap_util_port
+        .IsMklEnabled                                 onednn_enabled            (training/mfu.py)
     Model.load_weights(objects_to_skip=...)           load_weights_skipping     a phase's start
         (a legacy keyword, undocumented)
 
@@ -182,6 +184,14 @@ def op_determinism_enabled() -> bool:
     from tensorflow.python.framework import config as tf_config
 
     return bool(tf_config.is_op_determinism_enabled())
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow runs its CPU kernels on oneDNN in this process (TensorFlow exports no
+    getter; TF_ENABLE_ONEDNN_OPTS is read once, when it loads)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 # ---------------------------------------------------------------------------

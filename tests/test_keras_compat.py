@@ -213,6 +213,15 @@ def test_multi_worker_mode_private_exists_and_is_false_without_a_cluster():
     assert keras_compat.in_multi_worker_mode(tf.distribute.MirroredStrategy(["/cpu:0"])) is False
 
 
+def test_onednn_switch_is_readable():
+    from tensorflow.python.util import _pywrap_util_port
+
+    assert callable(_pywrap_util_port.IsMklEnabled)
+    # models/__init__.py turns oneDNN on before TensorFlow loads unless the user said 0.
+    expected = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0"
+    assert keras_compat.onednn_enabled() is expected
+
+
 def test_missing_private_is_named(monkeypatch):
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
