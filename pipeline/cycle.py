@@ -341,8 +341,8 @@ class Cycle:
             link = tracking.run_link(run_id)
             self.client.update_model_version(name, version, description=(
                 f"Cycle {record['number']} ({record['opened'][:10]}), task {task.name}: "
-                f"{entry['comparison']}. Decision: {entry['decision']}. Review page: "
-                f"cycle_report.html on run {run_id} ({link})."))
+                f"{'promoted to champion' if promoted else 'not promoted'}: {reason}. Review "
+                f"page: cycle_report.html on run {run_id} ({link})."))
             for key, value in {"cycle.number": record["number"], "cycle.run_id": run_id,
                                "cycle.finetune_run_id": entry["finetune_run_id"],
                                "cycle.comparison": entry["comparison"]}.items():
