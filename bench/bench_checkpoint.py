@@ -245,7 +245,7 @@ def run(args, command: list, name: str, show) -> dict:
 def print_machine() -> None:
     model, flags = bf.cpu_facts()
     print(f"bench-checkpoint: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other users' work)")
     print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
     print("  " + "  ".join(f"{k} {v}" for k, v in bf.versions().items()), flush=True)
 
@@ -343,6 +343,11 @@ def tiny_model(args) -> Path | None:
         print(f"  BERT-tiny: {missing} not found (run `make pretrain`, or pass --tiny-model "
               f"PATH): its row is left out")
         return None
+    evaluation = model.with_name("eval.json")  # the pretrain stage's, beside its model
+    trained = json.loads(evaluation.read_text()) if evaluation.is_file() else {}
+    steps = f"step {trained['step']:,}" if "step" in trained else "steps unknown"
+    print(f"  BERT-tiny: {model} ({steps}, held-out MLM accuracy "
+          f"{trained.get('eval_mlm_accuracy', float('nan')):.4f})")
     folder = args.work / "tiny_init"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(model, folder / "model.keras")
@@ -507,7 +512,8 @@ def main(argv=None) -> int:
         "settings": {k: str(v) for k, v in vars(args).items()}, "source": source,
         "checkpoint": str(checkpoint), "import": imported, "continued_pretraining": cpt,
         "finetune": tuned, "search": found, "line": line}, indent=2, default=str))
-    print(f"(whole bench {time.perf_counter() - started:.0f} s; logs and files in {args.work})")
+    print(f"(whole bench {time.perf_counter() - started:.0f} s, load average now "
+          f"{os.getloadavg()[0]:.1f}; logs and files in {args.work})")
     print(line)
     return 0
 
