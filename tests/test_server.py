@@ -22,6 +22,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -225,6 +226,7 @@ def test_no_secret_in_any_file_log_or_output(team_server, capfd):
     assert_no_secret({"console": shown.out + shown.err, **files}, layout)
 
 
+@pytest.mark.slow
 def test_restart_keeps_runs_and_artifacts(as_admin, tmp_path):
     """`stop` ends the server's processes and the cluster; `start` brings both back, with the
     runs and their artifacts."""
@@ -262,13 +264,31 @@ def test_restart_keeps_runs_and_artifacts(as_admin, tmp_path):
 # ---------------------------------------------------------------------------
 VOLATILE_METRICS = ("stage_seconds", "train_seconds", "examples_per_second", "tokens_per_second",
                     "mfu")  # wall-clock figures; system/* too (sampled every few seconds)
-VOLATILE_TAGS = ("mlflow.log-model.history",)  # model ids and creation times
+# model ids and creation times; the checkout's HEAD (another commit may land between the runs)
+VOLATILE_TAGS = ("mlflow.log-model.history", "mlflow.source.git.commit")
+VOLATILE_PARAMS = ("train.peak_flops",)  # measured by a matmul at the start of pretraining
+CODE_DERIVED = ("lineage.code_hash", "lineage.key", "lineage.upstream.")
 
 
 def _normalise(text: str, ids: dict[str, str]) -> str:
     for old, new in ids.items():
         text = text.replace(old, new)
     return text
+
+
+def _content(path: str, local: str) -> str:
+    """What must be the same of an artifact in both stores: its bytes; for the logged MLflow
+    model (a SavedModel and a .keras archive, which embed temporary paths and times) only that
+    it is there (the weights are compared by the tag pretrain.weights_sha256); for the
+    held-out curve its steps and accuracies, not the seconds."""
+    if path.startswith("model/"):
+        return "present"
+    data = Path(local).read_bytes()
+    if path.endswith("heldout_curve.json"):
+        curve = json.loads(data)
+        curve["curve"] = [[row[0], *row[2:]] for row in curve["curve"]]  # [step, s, accuracy]
+        data = json.dumps(curve, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
 
 
 def picture(uri: str, experiment: str, tmp: Path) -> dict:
@@ -279,7 +299,7 @@ def picture(uri: str, experiment: str, tmp: Path) -> dict:
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id])
     ids = {r.info.run_id: f"<{r.data.tags.get('pipeline.stage', 'pipeline')}>" for r in runs}
-    ids[exp.experiment_id] = "<experiment>"
+    ids[f"experiments/{exp.experiment_id}/"] = "experiments/<experiment>/"  # UI links
     seen = {}
     for run in runs:
         run_id = run.info.run_id
@@ -294,11 +314,12 @@ def picture(uri: str, experiment: str, tmp: Path) -> dict:
             for item in client.list_artifacts(run_id, folders.pop() or None):
                 if item.is_dir:
                     folders.append(item.path)
-                elif Path(item.path).name != "MLmodel":  # carries its model id and time
-                    local = client.download_artifacts(run_id, item.path, str(tmp / run_id))
-                    artifacts[item.path] = hashlib.sha256(Path(local).read_bytes()).hexdigest()
+                else:
+                    artifacts[item.path] = _content(item.path, client.download_artifacts(
+                        run_id, item.path, str(tmp / run_id)))
         seen[ids[run_id]] = {
-            "status": run.info.status, "params": run.data.params, "metrics": metrics,
+            "status": run.info.status, "metrics": metrics,
+            "params": {k: v for k, v in run.data.params.items() if k not in VOLATILE_PARAMS},
             "tags": {k: _normalise(v, ids) for k, v in run.data.tags.items()
                      if k not in VOLATILE_TAGS},
             "artifacts": artifacts}
@@ -307,7 +328,7 @@ def picture(uri: str, experiment: str, tmp: Path) -> dict:
         versions = client.search_model_versions(f"name='{model.name}'")
         registry[model.name] = {
             "aliases": model.aliases,
-            "versions": {v.version: {"run": ids.get(v.run_id), "status": v.status,
+            "versions": {str(v.version): {"run": ids.get(v.run_id), "status": v.status,
                                      "tags": v.tags} for v in versions}}
     return {"runs": seen, "registry": registry}
 
@@ -316,12 +337,14 @@ def picture(uri: str, experiment: str, tmp: Path) -> dict:
 def test_a_pipeline_run_is_the_same_in_postgres_as_in_sqlite(as_admin, monkeypatch, tmp_path,
                                                              corpus_dir, capfd):
     from pipeline import artifacts, cli
+    from pipeline.tracking import lineage
 
     run_dir = tmp_path / "run"  # the same path in both runs: the same config, the same lineage
     command = ["all", "--config", "configs/test_tiny.yaml", f"run_dir={run_dir}",
                f"corpus.path={corpus_dir}/*.txt", "tracking.experiment=parity",
                "tracking.register_encoder=true"]
     sqlite = f"sqlite:///{tmp_path / 'reference' / 'mlflow.db'}"
+    code_before = {stage: lineage.code_hash(stage) for stage in cli.STAGES}
     with monkeypatch.context() as reference:
         reference.setenv("MLFLOW_TRACKING_URI", sqlite)
         reference.setattr(artifacts, "MLFLOW_ARTIFACTS", tmp_path / "reference" / "mlartifacts")
@@ -332,17 +355,33 @@ def test_a_pipeline_run_is_the_same_in_postgres_as_in_sqlite(as_admin, monkeypat
     assert cli.main(command) == 0  # MLFLOW_TRACKING_URI/USERNAME/PASSWORD: the server's
     console = capfd.readouterr()
 
+    # Code-derived lineage tags compare only if nobody edited the stages' code between the
+    # two runs (others may, in a shared checkout; in CI nobody does).
+    same_code = code_before == {stage: lineage.code_hash(stage) for stage in cli.STAGES}
+    if not same_code:
+        warnings.warn("the pipeline's code changed between the two runs: code hashes and the "
+                      "lineage keys made from them not compared", stacklevel=1)
+
     postgres = picture(as_admin.url, "parity", tmp_path / "dl-pg")
     reference = picture(sqlite, "parity", tmp_path / "dl-sqlite")
     assert sorted(postgres["runs"]) == ["<corpus>", "<data>", "<pipeline>", "<pretrain>",
                                         "<vocab>"]
     assert postgres["registry"]["bert-encoder-run"]["versions"]["1"]["run"] == "<pretrain>"
     assert postgres["runs"]["<pretrain>"]["metrics"]["loss"][-1][0] == 6  # every logged step
-    for stage, seen in reference["runs"].items():
-        for part in ("status", "params", "metrics", "tags", "artifacts"):
-            assert postgres["runs"][stage][part] == seen[part], (stage, part)
+    differ = [(stage, part, key, postgres["runs"][stage][part].get(key), value)
+              for stage, seen in reference["runs"].items()
+              for part in ("params", "metrics", "tags", "artifacts")
+              for key, value in {**seen[part], **postgres["runs"][stage][part]}.items()
+              if postgres["runs"][stage][part].get(key) != seen[part].get(key)
+              and (same_code or not key.startswith(CODE_DERIVED))]
+    assert not differ, differ
+    assert {k: v["status"] for k, v in postgres["runs"].items()} == \
+        {k: v["status"] for k, v in reference["runs"].items()}
     assert postgres["registry"] == reference["registry"]
-    assert any(k.startswith("lineage.") for k in postgres["runs"]["<data>"]["tags"])
+    lineage = {k for k in postgres["runs"]["<data>"]["tags"] if k.startswith("lineage.")}
+    assert {"lineage.key", "lineage.code_hash", "lineage.upstream.vocab"} <= lineage
+    assert postgres["runs"]["<pretrain>"]["tags"]["pretrain.weights_sha256"]
+    assert postgres["runs"]["<pipeline>"]["tags"]["stage.data.run_id"] == "<data>"
     # The artifacts went through the server into its folder.
     assert list(as_admin.layout.artifacts.rglob("vocab.txt"))
     logs = {str(p): p.read_text() for p in (run_dir / "logs").glob("*.log")}
@@ -359,6 +398,8 @@ def test_database_url_points_a_server_at_an_existing_database(as_admin, monkeypa
     name = f"shared-{uuid.uuid4().hex[:6]}"
     client.create_experiment(name)
     db_password = secrets_of(layout)[2]
+    # The users live in the first server's auth database: its admin password, not a new one.
+    monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", as_admin.password)
     pg_port = as_admin.state["pg_port"]
     folder = as_admin.base / "second"
     monkeypatch.setenv("DATABASE_URL",

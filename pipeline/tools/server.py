@@ -5,30 +5,24 @@ team on this machine (docs/team-server.md).
     python -m pipeline server status [--dir ...]     exit 0 answering, 3 not running
     python -m pipeline server stop [--dir ...]
 
-What `start` runs:
-- the backend store: PostgreSQL. Without DATABASE_URL, a cluster of its own in <dir>/postgres/
-  (made once: initdb into `data.partial`, a role `mlflow` and the databases `mlflow` and
-  `mlflow_auth` created in single-user mode, then renamed to `data`), listening on 127.0.0.1
-  only, on a free port, no Unix socket, password (SCRAM) logins only. As root it runs as the
-  `postgres` system user (initdb and postgres refuse root). With DATABASE_URL=postgresql://...
-  an existing database is used instead (and AUTH_DATABASE_URL, if set, for the users, else
-  <dir>/basic_auth.db).
-- `mlflow server --app-name basic-auth`: every request needs a user and password; artifacts are
-  uploaded to and served by the server (`--serve-artifacts`, `--artifacts-destination`
-  <dir>/artifacts or ARTIFACTS_DESTINATION), bound to --host (127.0.0.1 unless told
-  otherwise). Arguments `start` does not know go to `mlflow server` (e.g. --allowed-hosts).
+What `start` runs (docs/team-server.md):
+- PostgreSQL: without DATABASE_URL, a cluster of its own in <dir>/postgres/ (made once: initdb
+  into `data.partial`, the role `mlflow` and databases `mlflow`, `mlflow_auth` created in
+  single-user mode, then renamed to `data`), on 127.0.0.1 only, a free port, no Unix socket,
+  SCRAM password logins; as root it runs as the `postgres` system user (initdb and postgres
+  refuse root). DATABASE_URL=postgresql://... uses an existing database instead (the users:
+  AUTH_DATABASE_URL, else <dir>/basic_auth.db).
+- `mlflow server --app-name basic-auth` on --host (127.0.0.1 unless told otherwise), artifacts
+  uploaded to and served by it (<dir>/artifacts or ARTIFACTS_DESTINATION). Arguments `start`
+  does not know go to `mlflow server` (e.g. --allowed-hosts).
 
-Secrets never appear in a command line, a config file, a log or the console:
-- the admin password: MLFLOW_AUTH_ADMIN_PASSWORD (MLflow's variable) if set, else
-  <dir>/admin_password (made with a random value and mode 600 when absent). MLflow uses it only
-  when it creates the admin user (the first start); change it later with the auth API.
-- the database password: in <dir>/pgpass (mode 600), the file libpq reads (PGPASSFILE), so
-  every database URL the server is given has no password in it;
-- the key MLflow signs its forms with: MLFLOW_FLASK_SERVER_SECRET_KEY or <dir>/secret_key.
-
-Clients (the pipeline) need only MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME and
-MLFLOW_TRACKING_PASSWORD. `stop` ends what `start` started: the server's process group (its
-pid in <dir>/mlflow.pid) and the cluster, if it made one. Bad input: one line, exit 2.
+No secret is in a command line, a config file, a log or the console: the admin password is
+MLFLOW_AUTH_ADMIN_PASSWORD or <dir>/admin_password (random, mode 600, made when absent; MLflow
+uses it only when it creates the admin user), the database password is in <dir>/pgpass (libpq's
+PGPASSFILE: no database URL holds it), the form-signing key MLFLOW_FLASK_SERVER_SECRET_KEY or
+<dir>/secret_key. Clients need only MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME and
+MLFLOW_TRACKING_PASSWORD. `stop` ends what `start` started: the server's process group (pid in
+<dir>/mlflow.pid) and the cluster, if it made one. Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -391,7 +385,10 @@ def start(folder=DEFAULT_DIR, host: str = "127.0.0.1", port: int = 5000, workers
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(layout.auth_ini),
                "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
                "MLFLOW_FLASK_SERVER_SECRET_KEY": secret_key,
-               "PGPASSFILE": str(layout.pgpass), "MLFLOW_DISABLE_TELEMETRY": "true"}
+               "PGPASSFILE": str(layout.pgpass), "MLFLOW_DISABLE_TELEMETRY": "true",
+               # MLflow's GenAI job runner (7 huey consumers) does nothing for this pipeline
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION":
+                   os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
         for client_variable in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
                                 "MLFLOW_TRACKING_PASSWORD", "DATABASE_URL", "AUTH_DATABASE_URL"):
             env.pop(client_variable, None)
