@@ -56,12 +56,12 @@ def team_server():
         pytest.skip(NO_POSTGRES)
     base = world_searchable_dir()
     folder = base / "server"
-    with pytest.MonkeyPatch.context() as env:
-        for name in SECRET_VARIABLES:
-            env.delenv(name, raising=False)
-        state = server_lib.start(folder, port=0, workers=1, log=quiet)
     layout = server_lib.Layout(folder)
     try:
+        with pytest.MonkeyPatch.context() as env:
+            for name in SECRET_VARIABLES:
+                env.delenv(name, raising=False)
+            state = server_lib.start(folder, port=0, workers=1, log=quiet)
         yield SimpleNamespace(url=state["url"], layout=layout, state=state, base=base,
                               password=layout.admin_password.read_text().strip())
     finally:

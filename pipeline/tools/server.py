@@ -368,7 +368,8 @@ def start(folder=DEFAULT_DIR, host: str = "127.0.0.1", port: int = 5000, workers
             pg_port = start_cluster(layout, state)
             backend, auth_db = (f"{DRIVER}://{DB_ROLE}@127.0.0.1:{pg_port}/{db}"
                                 for db in DATABASES)
-            state = {"cluster": True, "pg_port": pg_port}
+            state = {"cluster": True, "pg_port": pg_port}  # recorded now: `stop` stops it
+            artifacts.write_text_atomic(layout.state, json.dumps(state, indent=1))
         artifacts.write_text_atomic(layout.auth_ini, "\n".join([
             "[mlflow]", f"default_permission = {default_permission}",
             f"database_uri = {auth_db}", f"admin_username = {ADMIN}",
