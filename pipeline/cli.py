@@ -285,39 +285,43 @@ class AlreadyRunning(RuntimeError):
 
 
 class RunLock:
-    """An exclusive lock on a run directory (flock: released by the OS if the process dies)."""
+    """An exclusive lock on a run directory: `filelock.FileLock` (flock on POSIX, released by
+    the OS if the process dies), non-blocking; the holder's pid and start time are written
+    into the lock file for the "already running" message of the next invocation."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / ".pipeline.lock"
-        self.handle = None
+        self.lock = None
 
     def __enter__(self):
-        import fcntl
+        import filelock
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a+")
+        holder = f"pid {os.getpid()} since {datetime.datetime.now():%Y-%m-%d %H:%M:%S}"
+
+        def write_holder(fd: int) -> None:  # filelock's descriptor, right after the flock
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+
+        # preserve_lock_file: the next invocation reads the holder from the same inode.
+        self.lock = filelock.FileLock(str(self.path), timeout=0, preserve_lock_file=True,
+                                      on_acquired=write_holder)
         try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.seek(0)
-            holder = self.handle.read().strip() or "another process"
-            self.handle.close()
+            self.lock.acquire()
+        except filelock.Timeout:
+            try:
+                held_by = self.path.read_text().strip() or "another process"
+            except OSError:
+                held_by = "another process"
             raise AlreadyRunning(
-                f"the pipeline is already running on {self.path.parent} ({holder}); this "
+                f"the pipeline is already running on {self.path.parent} ({held_by}); this "
                 f"invocation stops without touching it (exit code {EXIT_ALREADY_RUNNING})") from None
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(f"pid {os.getpid()} since {datetime.datetime.now():%Y-%m-%d %H:%M:%S}")
-        self.handle.flush()
         return self
 
     def __exit__(self, *exc):
-        import fcntl
-
-        self.handle.seek(0)
-        self.handle.truncate()
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
+        with open(self.path, "r+") as handle:  # the holder line goes before the lock does
+            handle.truncate()
+        self.lock.release()
         return False
 
 
