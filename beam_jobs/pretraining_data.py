@@ -63,7 +63,6 @@ from apache_beam.io.filesystems import FileSystems
 from beam_jobs import reading, schema, transforms
 from beam_jobs.example_encoder import ExampleEncoder
 from beam_jobs.instances import (
-    INSTANCE_CHOICES,
     INSTANCE_FLAGS,
     InstanceCounters,
     InstanceSettings,
@@ -80,6 +79,15 @@ from beam_jobs.runners import (
     check_paths,
     pipeline_options,
     release,
+)
+from beam_jobs.settings import (
+    INPUT_FORMATS,
+    DataSettings,
+    VocabSettings,
+    add_flags,
+    check_flags,
+    limit_error,
+    limits,
 )
 from models.tokenizer import Tokenizer
 
@@ -382,15 +390,6 @@ def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
             "shards": shards}
 
 
-def _bool(value: str) -> bool:
-    lowered = str(value).strip().lower()
-    if lowered in ("true", "1", "yes", "y"):
-        return True
-    if lowered in ("false", "0", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
 def parse_args(argv=None):
     """-> (the job's arguments, the remaining flags for Beam's PipelineOptions)."""
     parser = argparse.ArgumentParser(
@@ -401,7 +400,7 @@ def parse_args(argv=None):
     parser.add_argument("--input", required=True,
                         help="glob of input files (any Beam filesystem: gs://, s3://; .gz "
                              "read transparently), or comma-separated globs")
-    parser.add_argument("--input_format", default="google", choices=reading.INPUT_FORMATS,
+    parser.add_argument("--input_format", default="google", choices=INPUT_FORMATS,
                         help="google: sentence per line, blank line between documents; text: "
                              "blank-line separated blocks split into sentences; jsonl: one "
                              "document per line in --text_field")
@@ -410,24 +409,15 @@ def parse_args(argv=None):
     parser.add_argument("--split", default=schema.TRAIN_PREFIX,
                         help="shard name prefix: <output_dir>/<split>-00000-of-00004.tfrecord")
     parser.add_argument("--vocab_file", required=True, help="WordPiece vocab, one token a line")
-    parser.add_argument("--lowercase", type=_bool, default=True,
-                        help="true: lowercase and strip accents (uncased); false: text untouched")
-    # One flag per field of InstanceSettings (its default, type and help): the single
-    # declaration of the instance settings that the pipeline's data stage also builds its
-    # command line from (pipeline/config/data_job.py).
-    for field in dataclasses.fields(InstanceSettings):
-        kind = {"bool": _bool, "int": int, "float": float}.get(field.type, str)
-        parser.add_argument(f"--{field.name}", type=kind, default=field.default,
-                            choices=INSTANCE_CHOICES.get(field.name),
-                            help=field.metadata.get("help"))
+    # The flags that are config keys (vocab.lowercase, data.*): type, default, choices, range and
+    # help from their one declaration, beam_jobs/settings.py, which the config's sections are
+    # too; the pipeline's data stage passes each from the config (pipeline/config/data_job.py).
+    add_flags(parser, VocabSettings, names=("lowercase",))
+    add_flags(parser, DataSettings)
     parser.add_argument("--phases", default="",
                         help="several outputs from one reading, e.g. '128:20,512:80' -> "
                              "<output_dir>/phase1, phase2 (overrides --max_seq_length and "
-                             "--max_predictions_per_seq)")
-    parser.add_argument("--num_shards", type=int, default=4)
-    parser.add_argument("--group_size_mb", type=float, default=4.0,
-                        help="documents are hashed into groups of about this much input; "
-                             "the random B segment comes from the group")
+                             "--max_predictions_per_seq); absent: one output")
     parser.add_argument("--read_chunk_mb", type=float, default=16.0,
                         help="uncompressed files are read in ranges of this size")
     args, beam_args = parser.parse_known_args(argv)
@@ -437,26 +427,18 @@ def parse_args(argv=None):
         check_paths(input=args.input, output_dir=args.output_dir, vocab_file=args.vocab_file)
     except ValueError as err:
         parser.error(str(err))
-    checks = [
-        (args.max_seq_length >= 5, "--max_seq_length must be at least 5"),
-        (args.max_predictions_per_seq >= 1, "--max_predictions_per_seq must be at least 1"),
-        (0.0 < args.masked_lm_prob <= 1.0, "--masked_lm_prob must be in (0, 1]"),
-        (0.0 <= args.short_seq_prob <= 1.0, "--short_seq_prob must be in [0, 1]"),
-        (args.dupe_factor >= 1, "--dupe_factor must be at least 1"),
-        (args.num_shards >= 1, "--num_shards must be at least 1"),
-        (args.group_size_mb > 0, "--group_size_mb must be positive"),
-        (args.read_chunk_mb > 0, "--read_chunk_mb must be positive"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            parser.error(message)
+    check_flags(parser, args, DataSettings)
+    if args.read_chunk_mb <= 0:
+        parser.error(f"--read_chunk_mb {args.read_chunk_mb} must be > 0")
     try:
-        for seq, pred in parse_phases(args.phases):
-            if seq < 5 or pred < 1:
-                parser.error(f"--phases {seq}:{pred}: max_seq_length must be at least 5 and "
-                             f"max_predictions_per_seq at least 1")
+        phases = parse_phases(args.phases)
     except ValueError as err:
         parser.error(f"--phases: {err}")
+    for seq, pred in phases:  # each phase's lengths, within the declared ranges
+        for name, value in (("max_seq_length", seq), ("max_predictions_per_seq", pred)):
+            problem = limit_error(value, limits(DataSettings, name))
+            if problem:
+                parser.error(f"--phases {seq}:{pred}: {name} {problem}")
     return args, beam_args
 
 

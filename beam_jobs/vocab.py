@@ -59,6 +59,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import reading, word_counts
 from beam_jobs.runners import absolute, check_paths, pipeline_options, release
+from beam_jobs.settings import VocabSettings, add_flags, check_flags
 
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -67,14 +68,6 @@ REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _WHITESPACE = re.compile("[\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
 _FEED_REPEATS = 1000  # copies of a word in one sequence handed to the learner
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes"):
-        return True
-    if text.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 class SplitWords(beam.DoFn):
@@ -291,31 +284,28 @@ def check_vocab(path: str) -> dict:
 def run(argv=None, test_pipeline=None):
     """Runs the vocab job; returns the metadata dict also written beside the vocab
     (…/vocab.json)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_jobs.vocab", description=__doc__.split("\n")[0],
+        epilog="Flags not listed here go to Beam's PipelineOptions (e.g. --runner=DaskRunner).")
     parser.add_argument("--input", required=True, help="glob(s) of text files, comma-separated")
     parser.add_argument("--output", required=True, help="path of vocab.txt to write")
-    parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--lowercase", type=_bool, default=True)
-    parser.add_argument("--min_word_count", type=int, default=2)
-    parser.add_argument("--max_words", type=int, default=200_000)
-    parser.add_argument("--max_learner_tokens", type=int, default=50_000_000)
+    # The flags that are config keys (vocab.*): type, default, range and help from their one
+    # declaration, beam_jobs/settings.py (the config's vocab section is the same declaration).
+    add_flags(parser, VocabSettings)
+    # The job's own tuning, no config key.
+    parser.add_argument("--max_learner_tokens", type=int, default=50_000_000,
+                        help="counts adding up to more are scaled down before the learner")
     parser.add_argument("--read_chunk_mb", type=float, default=16.0,
                         help="uncompressed files are read (and their words counted) in "
                              "ranges of this size")
-    parser.add_argument("--spill_words", type=int, default=100_000,
-                        help="distinct words a worker counts in memory before it writes them "
-                             "to a sorted run file")
-    parser.add_argument("--merge_fan_in", type=int, default=16,
-                        help="run files merged at a time (files open at once in a merge)")
     parser.add_argument("--temp_dir", default=None,
                         help="folder for the run files (any Beam filesystem; default: a "
                              "hidden folder beside --output), deleted at the end")
     args, beam_args = parser.parse_known_args(argv)
-    for flag in ("max_words", "spill_words"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be at least 1")
-    if args.merge_fan_in < 2:
-        parser.error("--merge_fan_in must be at least 2")
+    check_flags(parser, args, VocabSettings)
+    for flag in ("max_learner_tokens", "read_chunk_mb"):
+        if getattr(args, flag) <= 0:
+            parser.error(f"--{flag} {getattr(args, flag)} must be > 0")
     args.input, args.output = absolute(args.input), absolute(args.output)
     check_paths(input=args.input, output=args.output)
     # Beside the vocab, on any Beam filesystem (the step that writes it may run on a worker).

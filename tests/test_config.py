@@ -4,6 +4,7 @@ import pytest
 
 from pipeline import config as config_lib
 from pipeline.config import ConfigError
+from pipeline.config.keys import declared
 
 
 def write(tmp_path, text):
@@ -93,3 +94,38 @@ def test_data_workers_choose_the_direct_runners_processes(monkeypatch):
     assert job[-2:] == multi
     with pytest.raises(ConfigError, match="data.workers"):
         config_lib.load(None, ["data.workers=-1"])
+
+
+
+KEYS = declared(config_lib.Config)
+RANGED = sorted(name for name, key in KEYS.items() if key.range())
+CHOSEN = sorted(name for name, key in KEYS.items() if key.choices)
+
+
+def _step(key) -> float | int:
+    return 0.5 if key.type is float else 1
+
+
+@pytest.mark.parametrize("name", RANGED)
+def test_every_declared_range_is_checked_with_its_message(name):
+    """Each key's range comes from its declaration alone: just below it (and above its top,
+    where it has one) is refused in the one-line format; the bound itself is accepted."""
+    key = KEYS[name]
+    low, high, inclusive = key.range()
+    below = low - _step(key) if inclusive else low
+    with pytest.raises(ConfigError) as info:
+        config_lib.load(None, [f"{name}={below!r}"])
+    assert str(info.value) == (f"<defaults>: key {name} = {below!r} is out of range; it must be "
+                               f"{key.range_text()}")
+    if high is not None:
+        with pytest.raises(ConfigError, match=f"key {name} = .* is out of range"):
+            config_lib.load(None, [f"{name}={high + _step(key)!r}"])
+
+
+@pytest.mark.parametrize("name", CHOSEN)
+def test_every_declared_choice_is_checked_with_its_message(name):
+    choices = KEYS[name].choices
+    with pytest.raises(ConfigError) as info:
+        config_lib.load(None, [f"{name}=nope"])
+    assert str(info.value) == (f"<defaults>: key {name} = 'nope' is not allowed; choose one of: "
+                               f"{', '.join(choices)}")

@@ -1,13 +1,22 @@
-"""The pipeline's configuration: dataclasses, loaded from YAML, validated on load.
+"""The pipeline's configuration: one declaration per key, loaded from YAML, validated on load.
 
-    sections.py    one dataclass per section (corpus, vocab, data, model, train, tracking,
-                   finetune, multitask, distill) with every key's default and meaning;
-                   flattening for MLflow (`to_flat_dict`), `dump_yaml`
-    allowed.py     what each key allows: its choices or its range
-    validation.py  `validate` (every choice and range, one range check, cross-key rules),
-                   the phase, multi-task and fine-tuning rules
+    sections.py    the declaration: one dataclass per section (corpus, vocab, data, model,
+                   train, tracking, finetune, multitask, distill, cycle), one `key(default,
+                   help, ge/gt/le or choices)` per key; the `vocab` and `data` sections subclass
+                   beam_jobs/settings.py, where the keys the Beam jobs read are declared (the
+                   jobs' flags come from there too); flattening for MLflow, `dump_yaml`
+    keys.py        reading the declaration: every key with its type, default, allowed values
+                   or range and help (`declared`)
+    allowed.py     CHOICES and RANGES, read from the declaration
+    validation.py  `validate` (every choice and range, one range check, the rules that compare
+                   keys), the phase, multi-task, fine-tuning and cycle rules
+    parse.py       a section's raw mapping -> its dataclass, values coerced to their types
     load.py        `load(path, overrides)`: YAML + `section.key=value` overrides -> a
                    validated Config; `from_dict`
+    checkpoint.py  model.init_from: the checkpoint's sizes, vocab and casing fill the config
+    data_job.py    the Beam jobs' command lines from the config (by the declaration)
+    show.py        `bert-pipeline config show [--defaults] | docs`
+    reference.py   docs/configuration.md, generated (`make config-docs`)
 
     >>> config = load(None, ["train.steps=500"])
     >>> config.train.steps, config.model.preset

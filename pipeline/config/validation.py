@@ -13,7 +13,10 @@ from pathlib import Path
 
 from models import presets
 from pipeline.config.allowed import CHOICES, RANGES
-from pipeline.config.sections import (
+from pipeline.config.sections import (  # noqa: F401 - TASKS, register_task: re-exported
+    GLUE_TASK_NAMES,
+    TASKS,
+    TRAIN_PHASE_KEYS,
     Config,
     ConfigError,
     FinetuneConfig,
@@ -22,6 +25,7 @@ from pipeline.config.sections import (
     _coerce,
     get,
     model_architecture,
+    register_task,
     to_dict,
 )
 
@@ -165,11 +169,6 @@ def _validate_phases(config: Config, source: str) -> None:
                 f"max_seq_length - 3")
 
 
-# The train.* keys a phase of train.phases may set; the others are shared by all phases.
-TRAIN_PHASE_KEYS = ("steps", "batch_size", "grad_accum_steps", "learning_rate", "warmup_steps",
-                    "end_learning_rate", "decay_power", "checkpoint_every")
-
-
 def train_phases(config: Config, source: str = "<config>") -> list[TrainConfig]:
     """The TrainConfig of each data phase: train.* with that phase's train.phases entry
     applied. Without data.phases: [config.train]. Raises ConfigError naming the bad key."""
@@ -219,16 +218,6 @@ def _init_from_problem(path: Path) -> str:
     return "is a directory without config.json or bert_config.json"
 
 
-# The fine-tuning tasks, registered by pipeline/finetuning/tasks/ when it is imported (by
-# pipeline/__init__.py, so before any config is loaded): name -> the task class, whose
-# `datasets` and `check_config` the finetune section is checked against.
-TASKS: dict = {}
-
-
-def register_task(name: str, task_class) -> None:
-    TASKS[name] = task_class
-
-
 def _task_class(fc, source: str):
     if fc.task not in TASKS:
         hint = (", ".join(TASKS) if TASKS else
@@ -236,9 +225,6 @@ def _task_class(fc, source: str):
         raise ConfigError(f"{source}: key finetune.task = {fc.task!r} is not allowed; "
                           f"choose one of: {hint}")
     return TASKS[fc.task]
-
-
-GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
 
 
 def null_score_threshold(value) -> float | None:
@@ -313,8 +299,8 @@ def _validate_finetune(config: Config, source: str) -> None:
 # The ranges people use (Devlin et al. 2019, appendix A.3; Google's small-BERT README for
 # models below BERT-Base). Values outside them are allowed, with a warning.
 FINETUNE_USUAL = {
-    "learning_rate": (1e-5, 3e-4, "BERT-Base/Large use 2e-5..5e-5; Google's small BERTs "
-                                  "3e-5..3e-4"),
+    "learning_rate": (1e-5, 3e-4, ("BERT-Base/Large use 2e-5..5e-5; Google's small BERTs "
+                                   "3e-5..3e-4")),
     "batch_size": (8, 128, "16..128"),
     "epochs": (2, 10, "2..10 (4 for Google's small BERTs)"),
     "warmup_fraction": (0.0, 0.2, "0..0.2 (BERT: 0.1)"),

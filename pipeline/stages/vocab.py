@@ -33,18 +33,11 @@ def run(config: Config, log=print) -> dict:
     remote_dir.check(config)
     with artifacts.atomic_dir(paths.vocab_dir) as tmp, remote_dir.Staging(config, "vocab") as stage:
         output = stage.output(tmp, "vocab")
-        meta = vocab_job.run([
-            "--input", stage.files(paths.corpus_files("train"), paths.corpus_glob("train"),
-                                   "corpus/train"),
-            "--output", FileSystems.join(output, paths.vocab_file.name),
-            "--vocab_size", str(vc.size),
-            "--lowercase", str(vc.lowercase).lower(),
-            "--min_word_count", str(vc.min_word_count),
-            "--max_words", str(vc.max_words),
-            "--spill_words", str(vc.spill_words),
-            "--merge_fan_in", str(vc.merge_fan_in),
-            *data_job.beam_args(config, paths.corpus_bytes("train")),
-        ])
+        # Every vocab.* key the job reads, as its flags (by their declaration: data_job).
+        meta = vocab_job.run(data_job.vocab_job_args(
+            config, stage.files(paths.corpus_files("train"), paths.corpus_glob("train"),
+                                "corpus/train"),
+            FileSystems.join(output, paths.vocab_file.name), paths.corpus_bytes("train")))
         stage.download(output, tmp)
         vocab_job.check_vocab(str(tmp / paths.vocab_file.name))
     seconds = time.time() - start
