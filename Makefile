@@ -187,6 +187,12 @@ fault-suite: test-setup
 	$(PY) bench/fault_suite.py $(ARGS)
 
 # ---- tests ----
+# docs/configuration.md's reference, generated from the key declarations (pipeline/config/
+# sections.py, beam_jobs/settings.py); tests/test_config_docs.py fails when it is stale.
+.PHONY: config-docs
+config-docs: $(STAMP)
+	$(PY) -m pipeline config docs --output docs/configuration.md
+
 # Test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
 # so module fixtures are built once). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2

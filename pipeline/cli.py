@@ -7,7 +7,8 @@ multitask (one encoder, a head per task, mixed batches), distill (a smaller stud
 glue (every GLUE task folder of finetune.glue_dir, or `--tasks cola,sst-2`: dev scores, the
 GLUE score and the test-set submission files).
 Other commands: fill-mask, nsp, attention, embed, params (`python -m pipeline fill-mask --help`);
-cycle, the scheduled loop (`bert-pipeline cycle --help`, docs/scheduling.md).
+cycle, the scheduled loop (`bert-pipeline cycle --help`, docs/scheduling.md); config show
+[--config FILE] [key=value ...] | show --defaults | docs: the effective config as commented YAML.
 Each invocation is one MLflow parent run with a nested run per stage.
 
 A stage whose inputs, settings and code are unchanged since it last completed
@@ -65,6 +66,7 @@ TOOLS = {
     # the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> register -> promote
     "cycle": "pipeline.cycle:main",
     "server": "pipeline.tools.server:main",  # a team's MLflow server: PostgreSQL + basic auth
+    "config": "pipeline.config.show:main",  # config show [--defaults] | docs: every key, its help
 }
 
 

@@ -1,0 +1,164 @@
+"""docs/configuration.md, generated: a short hand-written introduction (INTRO, below), then a
+table per config section (key, type, default, allowed, help) read from the key declarations
+(pipeline/config/sections.py, beam_jobs/settings.py). `make config-docs` writes it;
+tests/test_config_docs.py fails when the committed page differs from what this makes.
+
+    >>> page = markdown()
+    >>> "| `vocab.size` | int | `8000` | >= 10 and <= 1000000 |" in page
+    True
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from pipeline.config.keys import Key, declared, sections
+from pipeline.config.sections import Config
+
+GENERATED_NOTE = ("<!-- Generated from the key declarations (pipeline/config/sections.py, "
+                  "beam_jobs/settings.py) by `make config-docs`; edit those, not this page "
+                  "(tests/test_config_docs.py fails when it is stale). The introduction is "
+                  "pipeline/config/reference.py's INTRO. -->")
+
+INTRO = """\
+# Configuration
+
+YAML files in `configs/`, validated on load: a bad value is reported in one line with the file,
+the key, the value and what is allowed, and the command exits with status 2.
+
+| file | what |
+|---|---|
+| `configs/pretrain_tiny.yaml` | the default demo: Brown corpus, BERT-tiny, CPU |
+| `configs/nightly.yaml` | what the scheduling recipes in `deploy/` run: the default recipe in `runs/nightly` |
+| `configs/test_tiny.yaml` | the smallest useful pipeline (tests, smoke runs) |
+| `configs/albert_tiny.yaml` | ALBERT-style (factorized embeddings, shared layers, SOP) at test size |
+| `configs/pretrain_base.yaml`, `pretrain_large.yaml` | BERT-Base / BERT-Large on your corpus (GPUs: `train.strategy: mirrored`) |
+| `configs/pretrain_two_phase.yaml` | two-phase pretraining (short, then long sequences) at test size |
+
+Override any key on the command line: `make pretrain ARGS="train.steps=300 model.preset=mini"`
+or `python -m pipeline data --config configs/pretrain_tiny.yaml data.dupe_factor=5`. A key not
+given keeps its default (the tables below). To see what a command will run with, every key with
+its help as a comment:
+
+    bert-pipeline config show --config configs/pretrain_tiny.yaml train.steps=300
+    bert-pipeline config show --defaults
+
+Each key is declared once, with its type, default, allowed values or range and help: in
+`pipeline/config/sections.py`, or in `beam_jobs/settings.py` for the keys the Beam jobs read
+(`vocab.*`, most of `data.*`; the jobs' flags are made from the same declaration). Rules that
+tie keys together (e.g. `data.max_predictions_per_seq` below `data.max_seq_length - 3`) are in
+`pipeline/config/validation.py`. The sizes and ALBERT switches are explained on
+[models](models.md), the fine-tuning keys on [fine-tuning](finetuning.md), the Beam runner keys
+(`data.beam_args`, `data.workers`, `data.remote_dir`) on [scaling out](scaling-out.md).
+`model.initializer_range` is 0.02 (the paper's, chosen for hidden 768); the default recipe uses
+0.09 for BERT-tiny (hidden 128): see [How good is the
+model?](quality.md#how-was-the-default-recipe-chosen).
+
+## Two-phase pretraining
+
+`configs/pretrain_two_phase.yaml`: with `data.phases: ["128/20", "512/80"]` the data stage writes
+`data/phase1/` and `data/phase2/`, and the pretrain stage trains phase 1 on `data/phase1/`
+(checkpoints in `pretrain/checkpoints/phase1/`), then phase 2 on `data/phase2/` starting from
+phase 1's final weights with a fresh optimizer and its own schedule (`train.phases[1]`,
+checkpoints in `pretrain/checkpoints/phase2/`). Each phase is its own MLflow run under the
+pipeline run (`pipeline.stage = pretrain.phase1`, …, with its step metrics and held-out eval at
+its sequence length); the `pretrain` stage run holds the final eval and the exported model,
+which is phase 2's. A re-run after phase 1 finished goes straight to phase 2's latest checkpoint.
+
+## Your own corpus
+
+`corpus.source: files` and `corpus.path: "/data/text/*.txt"` (comma-separate several globs;
+plain, `.gz` or `.bz2` files, read as a stream) in `corpus.format`, e.g.
+`make pretrain ARGS="corpus.source=files corpus.format=text corpus.path='/data/docs/*.txt.gz'"`
+(the examples below give the keys besides `corpus.source=files`):
+
+| format | the file | example |
+|---|---|---|
+| `google` (default) | one sentence per line, blank line between documents, used as it is | `corpus.format=google corpus.path='/data/sents/*.txt'` |
+| `text` | raw text, a document per line (lines of any length) | `corpus.format=text corpus.path='/data/docs/*.txt.gz'` |
+| `text` + `corpus.documents: blank_line` | documents separated by blank lines, their lines (hard-wrapped text, paragraphs) joined | `corpus.format=text corpus.documents=blank_line corpus.path='/data/books/*.txt'` |
+| `jsonl` | one JSON object per line, a document, its text in the field `corpus.text_key` (default `text`) | `corpus.format=jsonl corpus.text_key=body corpus.path='/data/dump/*.jsonl.bz2'` |
+
+Raw text (`text`, `jsonl`) is split into sentences by [nupunkt](https://pypi.org/project/nupunkt/),
+chosen by measurement over five other splitters (`bench/sentence_splitters.md`); then
+`corpus.max_line_chars` applies to each sentence. A file that is not UTF-8, a line that is not
+JSON, a record without its text, a corrupt archive: exit 2 naming the file and line.
+"""
+
+# The heading of each section's table (their anchors are linked from other pages).
+TITLES = {"": "Top-level keys", "corpus": "Corpus keys", "vocab": "Vocabulary keys",
+          "data": "Data keys", "model": "Model keys", "train": "Training keys",
+          "tracking": "Tracking keys", "finetune": "Fine-tuning keys",
+          "multitask": "Multi-task keys", "distill": "Distillation keys",
+          "cycle": "Cycle keys"}
+
+_SECTION = "|".join(name for name in TITLES if name)  # corpus|vocab|...
+# Words set as code: dotted keys (train.steps, finetune.*), $VARS, names with an _ or a <name>,
+# paths (docs/gpu.md, data/phase1/, gs://bucket); and a key's values where they are listed.
+_CODE_WORD = re.compile(r"^[\w<>.*/:@=+$\[\]-]+$")
+_CODE_HINT = re.compile(rf"^(?:{_SECTION})\.|^\$|_\w|<\w+>|\w/.*\.|\w/$|://")
+
+
+def _code_word(core: str, values: tuple, before: str, after: str, tail: str) -> bool:
+    if not core or not _CODE_WORD.match(core) or core.startswith("http"):
+        return False
+    listed = "|" in (before, after) or tail.startswith(":")  # "a | b", "a: what a does"
+    return bool(_CODE_HINT.search(core)) or (core in values and listed)
+
+
+def value_text(value) -> str:
+    """A value as YAML writes it in flow style: 8000, true, '', [], [--runner=DirectRunner]."""
+    return yaml.safe_dump([value], default_flow_style=True, width=1 << 20).strip()[1:-1]
+
+
+def _cell(text: str, values: tuple = ()) -> str:
+    """Prose for a table cell: names, paths and the key's `values` set as code (no stray HTML or
+    emphasis), pipes escaped; what is already `code` is kept as it is."""
+    out = []
+    for i, part in enumerate(text.split("`")):
+        if i % 2:  # inside a code span
+            out.append(f"`{part}`")
+            continue
+        words = part.split(" ")
+        for j, word in enumerate(words):
+            lead = len(word) - len(word.lstrip("(\"["))
+            core = word[lead:].rstrip(",;:.)\"]")
+            tail = word[lead + len(core):]
+            before = words[j - 1] if j else ""
+            after = words[j + 1] if j + 1 < len(words) else ""
+            if _code_word(core, values, before, after, tail):
+                words[j] = f"{word[:lead]}`{core}`{tail}"
+            else:
+                words[j] = word.replace("<", "&lt;")
+        out.append(" ".join(words).replace(" | ", " \\| "))
+    return "".join(out)
+
+
+def row(key: Key) -> str:
+    words = key.words()
+    values = tuple(key.choices or ()) + tuple(v for v in re.split(r"[\s|:]+", words) if v)
+    allowed = [", ".join(f"`{c}`" for c in key.choices) if key.choices else "",
+               key.range_text(), _cell(words, values if " | " in words else ())]
+    return (f"| `{key.name}` | {key.type_text()} | `{value_text(key.default)}` | "
+            f"{'; '.join(part for part in allowed if part)} | "
+            f"{_cell(key.help, tuple(key.choices or ()))} |")
+
+
+def markdown() -> str:
+    """The whole page: GENERATED_NOTE, INTRO, then a table per section."""
+    keys = declared(Config)
+    classes = {"": Config, **sections(Config)}
+    out = [GENERATED_NOTE, "", INTRO.rstrip("\n"), "", "## Reference", "",
+           ("Every key, by section: its type, its default, what it allows (the values, or the "
+            "range; rules that compare keys are checked too) and what it does."), ""]
+    for section, cls in classes.items():
+        rows = [key for key in keys.values() if key.section == section]
+        doc = " ".join((cls.__doc__ or "").split())
+        out += [f"### {TITLES.get(section, section)}", ""]
+        if section:
+            out += [f"`{section}:` {_cell(doc)}", ""]
+        out += ["| key | type | default | allowed | what |", "|---|---|---|---|---|"]
+        out += [row(key) for key in rows] + [""]
+    return "\n".join(out).rstrip("\n") + "\n"
