@@ -153,8 +153,8 @@ def bench_ours(preset, data, steps, warmup, precision="float32", jit="auto", bat
             "step_seconds": np.diff(times[warmup - 1:]),
             "seconds_per_step": elapsed / steps, "loss": loss, "parameters": model.count_params(),
             "note": f"XLA {'on' if model.jit_compile else 'off'}"
-                    + (", update in XLA" if getattr(model, "_xla_optimizer", False) else "")
-                    + (", fused kernels" if getattr(model, "_fused_kernels", False) else "")}
+                    + (", update in XLA" if getattr(model, "xla_update", False) else "")
+                    + (", fused kernels" if getattr(model, "fused_kernels", False) else "")}
 
 
 def _hf_config(preset):

@@ -40,6 +40,8 @@ import threading
 
 import keras
 
+from models import keras_compat
+
 _lock = threading.Lock()
 _active = 0  # a count, not a thread-local: MirroredStrategy traces each replica in a thread
 _adopted = {}  # id(model) -> [count of open contexts, the sublayers switched]
@@ -253,8 +255,8 @@ def argmax(x):
 
 def sparse_categorical_accuracy(y_true, y_pred):
     """`keras.metrics.sparse_categorical_accuracy` with `argmax` (labels of one rank less
-    than the scores; anything else takes Keras' function): set as the `_fn` of a
-    `keras.metrics.SparseCategoricalAccuracy`, which saves without it."""
+    than the scores; anything else takes Keras' function): the function of
+    `models.pretraining.MaskedLMAccuracy`."""
     ops = keras.ops
     y_pred = ops.convert_to_tensor(y_pred)
     if len(y_true.shape) != len(y_pred.shape) - 1:
@@ -350,7 +352,7 @@ class FusedDense(keras.layers.Dense):
 
     def call(self, inputs, training=None):
         if not (active() and not self.lora_enabled and not self.quantization_mode
-                and len(self._kernel.shape) == 2 and len(inputs.shape) >= 2):
+                and len(self.kernel.shape) == 2 and len(inputs.shape) >= 2):
             return super().call(inputs, training=training)
         ops = keras.ops
         x = dense(inputs, ops.cast(self.kernel, self.compute_dtype))
@@ -369,7 +371,7 @@ def adopt(layer) -> list:
     classes) to their fused subclasses, which override `call` only; returns the layers
     switched, for `release`."""
     switched = []
-    for sub in [layer, *layer._flatten_layers(include_self=False, recursive=True)]:
+    for sub in [layer, *keras_compat.flatten_layers(layer)]:
         fused = _ADOPTED.get(type(sub))
         if fused is not None:
             sub.__class__ = fused

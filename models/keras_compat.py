@@ -221,6 +221,4 @@ SUBCLASS_HOOKS = {
     "keras_hub.tokenizers.WordPieceTokenizer": (
         "_set_vocabulary_tf", "_maybe_initialized_tf", "_check_vocabulary", "_token_to_id_map",
         "_fast_word_piece"),
-    # models/fused.py FusedDense reads the unwrapped kernel (`kernel` adds LoRA's delta).
-    "keras.layers.Dense": ("_kernel",),
 }

@@ -167,17 +167,13 @@ def test_flatten_layers_walks_every_sublayer_but_itself():
 
 
 def test_subclass_hooks_are_still_there():
-    dense = keras.layers.Dense(2)
-    dense.build((None, 3))
     tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
         vocabulary=["[PAD]", "[UNK]", "a", "##b"], oov_token="[UNK]")
-    instances = {"keras_hub.tokenizers.WordPieceTokenizer": tokenizer,
-                 "keras.layers.Dense": dense}
+    instances = {"keras_hub.tokenizers.WordPieceTokenizer": tokenizer}
     assert set(instances) == set(keras_compat.SUBCLASS_HOOKS)
     for owner, names in keras_compat.SUBCLASS_HOOKS.items():
         for name in names:
             assert hasattr(instances[owner], name), f"{owner}.{name}"
-    assert dense._kernel is dense.kernel  # no LoRA: the same variable
     assert parameters(type(tokenizer)._set_vocabulary_tf) == ["self"]
 
 

@@ -7,7 +7,7 @@ Reads top to bottom:
      already consumed are skipped) and held-out evaluation;
   3. inside the tf.distribute strategy: build the pretrainer (in `train.precision`), AdamW or
      LAMB with warmup + linear/polynomial decay, gradient accumulation and clipping, compile
-     with MLM (weighted) + NSP losses and our train step (`PretrainingStep`);
+     with MLM (weighted) + NSP losses and the model's own train step (`BertPretrainer.train_step`);
   4. resume from the latest checkpoint in <run_dir>/pretrain/checkpoints if there is one,
      else copy the weights of `model.init_from` (an imported checkpoint) if it is set;
   5. `model.fit` in chunks of `checkpoint_every` steps (a Keras epoch = one checkpoint interval),

@@ -39,7 +39,6 @@ from pipeline.training.mfu import onednn_enabled
 from pipeline.training.phases import Phase
 from pipeline.training.pretrainer import (
     PretrainError,
-    PretrainingStep,
     build_model,
     build_optimizer,
     compile_model,
@@ -72,7 +71,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution,
                       nsp_weight=nsp_weight(config))
         optimizer.build(model.trainable_variables)
-        PretrainingStep.prebuild(model, train_data.element_spec)
+        model.prebuild(train_data.element_spec)
         if found:
             model.load_weights(str(found[1]))
             restore_seed_states(model, found[1])  # dropout goes on with the masks it would draw

@@ -45,8 +45,6 @@ def measure_peak_flops(seconds: float = 1.0, dtype=tf.float32, size: int = 2048)
 def onednn_enabled() -> bool:
     """Whether TensorFlow runs its CPU kernels on oneDNN in this process (pipeline/__init__.py
     turns it on before TensorFlow loads; it cannot change afterwards)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-    except ImportError:  # pragma: no cover - a TensorFlow without the switch
-        return False
-    return bool(_pywrap_util_port.IsMklEnabled())
+    from models import keras_compat
+
+    return keras_compat.onednn_enabled()

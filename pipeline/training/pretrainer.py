@@ -190,15 +190,6 @@ def normalize_mlm_weights(x, y, sample_weight):
     return x, y, {**sample_weight, models.pretraining.MLM_OUTPUT: weights * scale}
 
 
-class PretrainingStep:
-    """Kept for callers of `PretrainingStep.prebuild`: the step is `BertPretrainer`'s own
-    (`train_step`, `test_step`, `prebuild`) since issue 42."""
-
-    @staticmethod
-    def prebuild(model, element_spec):
-        model.prebuild(element_spec)
-
-
 def flops_per_token(config: Config, vocabulary_size: int) -> float:
     arch = config_lib.model_architecture(config)
     return training_flops_per_token(
