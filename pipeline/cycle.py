@@ -314,11 +314,13 @@ class Cycle:
         record, run_id = self.record, self.record["mlflow_run_id"]
         for task in self.tasks:
             entry = record["tasks"][task.name]
-            # The champion now (another run may have been promoted since the evaluate step).
+            # The champion now (another run may have been promoted since the evaluate step);
+            # already this version's (a re-run of a promote step killed after it): as it was.
             holder = cycle_report.champion(entry["registered_model"], entry["metric"])
-            entry.update(champion=holder, comparison=cycle_report.compare(
-                {"metric": entry["metric"], "value": entry["value"],
-                 "split_id": entry["split_id"]}, holder))
+            if not (holder and holder["version"] == str(entry.get("version"))):
+                entry.update(champion=holder, comparison=cycle_report.compare(
+                    {"metric": entry["metric"], "value": entry["value"],
+                     "split_id": entry["split_id"]}, holder))
             out = artifacts.Artifacts(self.dir).finetune(task.name)
             if not out.saved_model.is_dir():
                 entry["decision"] = "not registered: the task has no raw-text model to serve"
@@ -331,9 +333,12 @@ class Cycle:
                 entry.update(version=version, model_uri=uri)
                 self.cycles.save(record)  # registered once, even if what follows is killed
             version = entry["version"]
-            promoted = tracking.promote_if_better(
-                name, version, f"test_{entry['metric']}", entry["value"], entry["split_id"],
-                cycle_report.higher_is_better(entry["metric"]), log=self.log)
+            if holder and holder["version"] == str(version):
+                promoted = True
+            else:
+                promoted = tracking.promote_if_better(
+                    name, version, f"test_{entry['metric']}", entry["value"], entry["split_id"],
+                    cycle_report.higher_is_better(entry["metric"]), log=self.log)
             reason = self.client.get_model_version(name, version).tags.get("promotion", "")
             entry.update(promoted=promoted, decision=(
                 f"v{version} promoted to champion ({reason})" if promoted

@@ -224,5 +224,19 @@ def test_cycles_train_register_skip_and_promote_only_if_better(run_root, capsys)
     assert "not promoted" in run2.data.tags["cycle.topic.decision"]
     page = (cycle2 / "report" / "cycle_report.html").read_text()
     assert "does not beat champion v1" in page and "v2 promoted to champion" in page
+
+    # Killed after its versions were registered and promoted, before the cycle was closed: the
+    # next invocation finishes it, registering nothing again and keeping the decisions.
+    record = json.loads((cycle2 / "cycle.json").read_text())
+    record["status"] = "open"
+    del record["steps"]["promote"]
+    (cycle2 / "cycle.json").write_text(json.dumps(record))
+    assert cli.main(args) == cli.EXIT_OK
+    for name in names.values():
+        assert len(client.search_model_versions(f"name = '{name}'")) == 2
+    assert str(client.get_model_version_by_alias(names["topic_b"], "champion").version) == "2"
+    assert str(client.get_model_version_by_alias(names["topic"], "champion").version) == "1"
+    assert "beats champion v1" in client.get_model_version(names["topic_b"], "2").description
+    assert json.loads((cycle2 / "cycle.json").read_text())["status"] == "done"
     assert cli.main(args) == cli.EXIT_NOTHING_TO_DO
     print(f"first cycle {first_seconds:.0f} s, all {time.time() - started:.0f} s")
