@@ -14,15 +14,16 @@ import math
 import random
 
 from beam_jobs import schema, transforms
+from beam_jobs.settings import DataSettings, same_as
 
 # Which of the three masking branches replaced a chosen token.
 MASK, RANDOM, KEEP = "mask", "random", "keep"
 
 
-OBJECTIVES = ("nsp", "sop", "mlm")
+OBJECTIVES = {f.name: f for f in dataclasses.fields(DataSettings)}["objective"].metadata["choices"]
 
 
-MASKINGS = ("static", "dynamic")
+MASKINGS = {f.name: f for f in dataclasses.fields(DataSettings)}["masking"].metadata["choices"]
 
 
 SOP_IN_ORDER, SOP_SWAPPED = 0, 1
@@ -53,33 +54,23 @@ class SpecialIds:
                    continuation=frozenset(i for i, t in enumerate(vocab) if t.startswith("##")))
 
 
-def _setting(default, help_text: str = ""):
-    return dataclasses.field(default=default, metadata={"help": help_text})
-
-
 @dataclasses.dataclass(frozen=True)
 class InstanceSettings:
     """How instances are made: one declaration, which is also the Beam job's flags
     (`--<field>`, pretraining_data.parse_args) and what stats.json records."""
-    max_seq_length: int = _setting(128, "tokens per instance, [CLS] and [SEP]s included")
-    max_predictions_per_seq: int = _setting(20, "masked positions at most per instance")
-    masked_lm_prob: float = _setting(0.15, "share of the tokens masked")
-    short_seq_prob: float = _setting(0.1, "share of the instances given a shorter random target "
-                                          "length")
-    dupe_factor: int = _setting(1, "passes over the data, each with different masks")
-    seed: int = _setting(12345)
-    objective: str = _setting("nsp", "nsp: B follows A or is random (label 1); sop: B follows "
-                                     "A, or the two are swapped (label 1); mlm: the document "
-                                     "cut into one-segment blocks, no label")
-    whole_word_masking: bool = _setting(False, "mask all the pieces of a word together")
-    masking: str = _setting("static", "static: masks written in the records; dynamic: no masks "
-                                      "written (masked_lm_weights all 0), tf.data masks each "
-                                      "epoch")
+    max_seq_length: int = same_as(DataSettings, "max_seq_length")
+    max_predictions_per_seq: int = same_as(DataSettings, "max_predictions_per_seq")
+    masked_lm_prob: float = same_as(DataSettings, "masked_lm_prob")
+    short_seq_prob: float = same_as(DataSettings, "short_seq_prob")
+    dupe_factor: int = same_as(DataSettings, "dupe_factor")
+    seed: int = same_as(DataSettings, "seed")
+    objective: str = same_as(DataSettings, "objective")
+    whole_word_masking: bool = same_as(DataSettings, "whole_word_masking")
+    masking: str = same_as(DataSettings, "masking")
 
 
 # The flags of InstanceSettings' fields, and the choices of those that have them.
 INSTANCE_FLAGS = tuple(field.name for field in dataclasses.fields(InstanceSettings))
-INSTANCE_CHOICES = {"objective": OBJECTIVES, "masking": MASKINGS}
 
 
 @dataclasses.dataclass

@@ -36,6 +36,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs.runners import TaggedOutputs
+from beam_jobs.settings import INPUT_FORMATS
 
 # Uncompressed files are read in byte ranges of this size (one range = one unit of work).
 READ_CHUNK_BYTES = 16 << 20
@@ -44,7 +45,6 @@ READ_CHUNK_BYTES = 16 << 20
 # The tagged output of a DoFn that carries its counters (summed by SumCounters).
 STATS_TAG = "stats"
 
-INPUT_FORMATS = ("google", "text", "jsonl")
 
 
 def decode_utf8(data: bytes, path: str, offset: int = 0) -> str:

@@ -73,6 +73,7 @@ TEST_FILES = {
     "wnli": {"WNLI.tsv": "test.tsv"},
 }
 DIAGNOSTIC = ("diagnostic/diagnostic.tsv", "diagnostic.tsv")
+AX_FROM = {"mnli"}  # the GLUE task whose model predicts the diagnostic set
 # What the leaderboard accepts in `prediction`: label names, or STS-B's score range.
 SUBMISSION_LABELS = {
     "cola": {"0", "1"}, "sst-2": {"0", "1"}, "mrpc": {"0", "1"}, "qqp": {"0", "1"},
@@ -176,7 +177,7 @@ def test_files(glue_dir, task: str) -> dict:
     folder = Path(glue_dir) / GLUE_TASKS[task]["folder"]
     out = {sub: folder / name for sub, name in TEST_FILES[task].items()
            if (folder / name).is_file()}
-    if task == "mnli":
+    if task in AX_FROM:
         found = [Path(glue_dir) / d for d in DIAGNOSTIC if (Path(glue_dir) / d).is_file()]
         if found:
             out["AX.tsv"] = found[0]
@@ -303,7 +304,7 @@ def table(records: dict) -> list[str]:
     entries = {name: values for r in records.values() for name, values in r["entries"].items()}
     lines = ["| task | metric | dev score | steps | time (s) | test predictions |",
              "|---|---|---:|---:|---:|---|"]
-    for task in (t for t in ENTRIES if t in records):
+    for task in [t for t in ENTRIES if t in records]:
         r = records[task]
         for name, _, entry_metrics in ENTRIES[task]:
             values = r["entries"][name]

@@ -397,7 +397,7 @@ def promote_if_better(model_name: str, version: str, metric: str, value: float,
         holder = None
     if holder is None:
         promote, reason = True, "no champion yet"
-    elif holder.version == str(version):
+    elif str(holder.version) == str(version):
         promote, reason = False, "already the champion"
     elif holder.tags.get("eval.test_split") != test_split:
         promote, reason = False, (f"champion v{holder.version} was evaluated on another test split "
