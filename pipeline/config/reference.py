@@ -31,7 +31,9 @@ the key, the value and what is allowed, and the command exits with status 2.
 | file | what |
 |---|---|
 | `configs/pretrain_tiny.yaml` | the default demo: Brown corpus, BERT-tiny, CPU |
-| `configs/nightly.yaml` | what the scheduling recipes in `deploy/` run: the default recipe in `runs/nightly` |
+| `configs/nightly.yaml` | what the scheduling recipes in `deploy/` run: one cycle of the scheduled loop a night (`bert-pipeline cycle`), in `runs/nightly` |
+| `configs/continue_pretraining.yaml` | continued pretraining of a published checkpoint (`model.init_from`) on your text: a trained model's learning rate, step-0 held-out probe ([checkpoints](checkpoints.md#continue-pretraining-a-published-checkpoint)) |
+| `configs/finetune_*.yaml`, `glue.yaml`, `multitask_brown.yaml`, `distill_brown.yaml` | fine-tuning: Brown genre/POS, GLUE, SQuAD, search; all GLUE tasks ([GLUE](glue.md)); multi-task; distillation |
 | `configs/test_tiny.yaml` | the smallest useful pipeline (tests, smoke runs) |
 | `configs/albert_tiny.yaml` | ALBERT-style (factorized embeddings, shared layers, SOP) at test size |
 | `configs/pretrain_base.yaml`, `pretrain_large.yaml` | BERT-Base / BERT-Large on your corpus (GPUs: `train.strategy: mirrored`) |
