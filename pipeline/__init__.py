@@ -16,9 +16,15 @@ import os
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# A quiet console (pipeline/logs.py): MLflow's records go through `logging` like every other
+# library's (to the log files; its warnings also to the console) instead of a handler of its
+# own on stderr, and reading an artifact back draws no "Downloading artifacts" bar. Either,
+# set in the environment, wins.
+os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 # The built-in fine-tuning tasks register themselves (and, through the config layer's task
 # registry, the `finetune.task` values a config may name) when their package is imported:
 # here, so that every way in (the CLI, a stage, a test, a notebook) validates configs against
 # them. Light: the task modules import TensorFlow and Keras only inside their methods.
-import pipeline.finetuning.tasks  # noqa: E402,F401
+import pipeline.finetuning.tasks  # noqa: F401

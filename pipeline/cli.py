@@ -23,7 +23,10 @@ Exit codes: 0 success; 1 anything unexpected (traceback in the log file);
 or key and how to fix it; 3 nothing to do (with --scheduled: every stage was up
 to date); 4 already running (another invocation holds the run directory's lock);
 5 out of disk space (a write failed; every earlier complete output is intact).
-Every invocation also writes its log to <run_dir>/logs/.
+Every invocation also writes its log to <run_dir>/logs/: <time>-<pid>.log for the invocation,
+<stage>.log for each stage's full log (Beam's workers, TensorFlow's start-up lines; also logged
+to the stage's MLflow run). The console shows the pipeline's own lines, a line per stage start
+and end, warnings and errors; `-v` shows everything.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ def main(argv=None) -> int:
                              "the checkout, or the current directory)")
     parser.add_argument("--force", action="store_true", help="re-run stages even if up to date")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also show TensorFlow's start-up messages (oneDNN, CUDA probing)")
+                        help="show everything on the console: Beam's worker logging, "
+                             "TensorFlow's start-up messages, every library's INFO lines "
+                             "(otherwise only in <run_dir>/logs/<stage>.log)")
     parser.add_argument("--tasks", default="", metavar="TASK,...",
                         help="glue only: the GLUE tasks to run (cola, sst-2, mrpc, sts-b, qqp, "
                              "mnli, qnli, rte, wnli; default: every task folder in "
@@ -153,14 +158,16 @@ def main(argv=None) -> int:
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = paths.logs_dir / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
 
-    log = logs.setup(log_file).info
-    return _run(config, args.config, stages, args.force, paths, log, scheduled=args.scheduled,
-                options={"glue": {"tasks": args.tasks}} if args.tasks else None)
+    log = logs.setup(log_file, verbose=verbose).info
+    with logs.stderr_to(log_file):  # fd 2 (C++ libraries, subprocesses) off the console
+        return _run(config, args.config, stages, args.force, paths, log,
+                    scheduled=args.scheduled,
+                    options={"glue": {"tasks": args.tasks}} if args.tasks else None)
 
 
 def _run(config, config_path, stages, force, paths, log, scheduled=False, options=None) -> int:
     """Runs `stages`; `options`: stage -> keyword arguments of its `run` (glue's --tasks)."""
-    from pipeline import artifacts
+    from pipeline import artifacts, logs
     from pipeline.tracking import lineage, outbox
     from pipeline.tracking import runs as tracking
 
@@ -203,7 +210,8 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False, option
                 resume = _call(SPECS[stage].resumable, config) if SPECS[stage].resumable else ""
                 with (tracking.stage_run(stage, config, SPECS[stage].description,
                                          tags=lineage.tags(stage, fp), resume_run_id=resume)
-                      if chief else contextlib.nullcontext()) as run:
+                      if chief else contextlib.nullcontext()) as run, \
+                        logs.stage(stage, paths.logs_dir, _keep_log if chief else None):
                     results[stage] = importlib.import_module(SPECS[stage].module).run(
                         config, log=log, **(options or {}).get(stage, {}))
                     # Inputs are hashed again after the run: the stage may have created them.
@@ -265,6 +273,16 @@ def _failed(err: Exception, config, log, stage: str = "") -> int:
     traceback.print_exc()
     log(f"failed: {err!r}\n{traceback.format_exc()}")
     return EXIT_FAILED
+
+
+def _keep_log(path: Path) -> None:
+    """A stage's log file as an artifact of its MLflow run (its text goes through the outbox,
+    so a tracking outage loses nothing; the last 8 MB of a larger one)."""
+    from pipeline.tracking import outbox
+
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.path.getsize(path) - (8 << 20)))
+        outbox.log_text(handle.read().decode("utf-8", "replace"), f"logs/{path.name}")
 
 
 def _is_chief(config) -> bool:

@@ -1,15 +1,28 @@
-"""Logging of one invocation: the pipeline's lines on stdout and in <run_dir>/logs/<time>-<pid>.log.
+"""Logging of one invocation: the pipeline's lines on stdout and in <run_dir>/logs/<time>-<pid>.log,
+and each stage's full log in <run_dir>/logs/<stage>.log.
 
 The stages take a `log` callable (one line of text); the CLI passes `logger().info`. The log
 file is a handler on the root logger, so it also receives what the libraries underneath
 report through `logging` (Beam, MLflow, TensorFlow/absl: warnings and errors) and Python
-warnings; those still reach the console on stderr as before.
+warnings; outside a stage those also reach the console on stderr.
+
+While a stage runs (`stage`), the console is quiet: file descriptor 2 of the process (what
+TensorFlow's C++ runtime writes at start-up, `I0000 ... oneDNN`, `E0000 ... cuInit`) and of
+the processes it starts (the Beam DirectRunner's SDK-harness workers, which log everything
+they do) points at the stage's log file, Beam's own log records go only there, and Python's
+`sys.stderr` (warnings, errors, progress bars) still reaches the terminal. `setup(...,
+verbose=True)` (the CLI's `-v`) leaves every stream where it is and shows INFO records of
+every library: everything on the console.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 NAME = "pipeline"
@@ -60,9 +73,22 @@ class _NotBeamFailures(logging.Filter):
         return not (record.name.startswith("apache_beam") and record.levelno >= logging.ERROR)
 
 
-def setup(log_file: Path) -> logging.Logger:
+class _NotBeam(logging.Filter):
+    """Drops Beam's records (its loggers', and those its modules send through the root
+    logger: `apitools not found ...`, the workers' `Worker: severity: WARN ...`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("apache_beam")
+                    or f"{os.sep}apache_beam{os.sep}" in (record.pathname or ""))
+
+
+_STATE = {"verbose": False, "others": None}
+
+
+def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     """Sends the pipeline's lines to stdout and `log_file`, other loggers' warnings to stderr
-    and `log_file`; returns the pipeline's logger. Calling it again replaces its handlers."""
+    and `log_file`; returns the pipeline's logger. Calling it again replaces its handlers.
+    `verbose`: every library's INFO records on stderr too, and `stage` leaves stderr as it is."""
     root, ours = logging.getLogger(), logging.getLogger(NAME)
     for handler in _HANDLERS:
         (ours if handler in ours.handlers else root).removeHandler(handler)
@@ -75,15 +101,20 @@ def setup(log_file: Path) -> logging.Logger:
     to_console.setFormatter(logging.Formatter("%(message)s"))
     to_console.addFilter(_NotFileOnly())
     others = _Current("stderr")  # what Python's last-resort handler printed
-    others.setLevel(logging.WARNING)
+    others.setLevel(logging.INFO if verbose else logging.WARNING)
     others.addFilter(_NotOurs())
-    others.addFilter(_NotBeamFailures())
+    if not verbose:
+        others.addFilter(_NotBeamFailures())
     ours.setLevel(logging.INFO)
     ours.addHandler(to_console)
     root.addHandler(to_file)
     root.addHandler(others)
-    if root.level > logging.WARNING or root.level == logging.NOTSET:
+    if verbose:
+        root.setLevel(logging.INFO)
+        to_file.setLevel(logging.INFO)
+    elif root.level > logging.WARNING or root.level == logging.NOTSET:
         root.setLevel(logging.WARNING)
+    _STATE.update(verbose=verbose, others=others)
     logging.captureWarnings(False)  # re-installed: something may have reset warnings.showwarning
     logging.captureWarnings(True)
     _HANDLERS.extend([to_console, to_file, others])
@@ -92,3 +123,83 @@ def setup(log_file: Path) -> logging.Logger:
 
 def logger() -> logging.Logger:
     return logging.getLogger(NAME)
+
+
+def _real_stderr() -> bool:
+    """Whether sys.stderr writes to file descriptor 2 (not a test's capture object)."""
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """Points file descriptor 2 (this process's C/C++ libraries and the subprocesses it starts)
+    at `path` (appended to) while `sys.stderr` keeps writing to the terminal; restores both
+    on exit. Nests. Does nothing under `setup(..., verbose=True)`."""
+    if _STATE["verbose"]:
+        yield
+        return
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.flush()
+    saved = os.dup(2)  # where fd 2 points now (the terminal, or an outer `stderr_to`'s file)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    swapped, console = sys.stderr, None
+    if _real_stderr():  # Python's own writes keep going where fd 2 went before
+        console = io.TextIOWrapper(io.FileIO(os.dup(saved), "w"), encoding="utf-8",
+                                   errors="backslashreplace", line_buffering=True)
+        sys.stderr = console
+    os.dup2(target, 2)
+    os.close(target)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        if console is not None:
+            with contextlib.suppress(OSError, ValueError):
+                console.flush()
+            if sys.stderr is console:
+                sys.stderr = swapped
+            console.close()
+
+
+@contextlib.contextmanager
+def stage(name: str, logs_dir: Path, keep=None):
+    """One stage's run: a line when it starts and when it ends on the console, and its full
+    log in `logs_dir/<name>.log` (the previous run's kept as `<name>.previous.log`): the
+    pipeline's lines, every library's warnings, Beam's records, and whatever the process and
+    its workers write on file descriptor 2. `keep(path)` is called with the file at the end
+    (the CLI logs it to the stage's MLflow run), also when the stage fails."""
+    logs_dir = Path(logs_dir)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    path = logs_dir / f"{name}.log"
+    if path.exists():
+        os.replace(path, logs_dir / f"{name}.previous.log")
+    to_file = logging.FileHandler(path, mode="a", encoding="utf-8")
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           "%H:%M:%S"))
+    root, others = logging.getLogger(), _STATE["others"]
+    quiet = None if _STATE["verbose"] or others is None else _NotBeam()
+    root.addHandler(to_file)
+    if quiet is not None:
+        others.addFilter(quiet)
+    say, started = logger(), time.monotonic()
+    say.info(f"{name}: started (log: {path})")
+    outcome = "failed"
+    try:
+        with stderr_to(path):
+            yield path
+        outcome = "finished"
+    finally:
+        say.info(f"{name}: {outcome} in {time.monotonic() - started:.1f} s")
+        if quiet is not None:
+            others.removeFilter(quiet)
+        root.removeHandler(to_file)
+        to_file.close()
+        if keep is not None:
+            try:
+                keep(path)
+            except Exception as err:  # noqa: BLE001 - the log is on disk either way
+                say.warning(f"{name}: could not record its log file {path} ({err})")
