@@ -45,6 +45,16 @@ class _Current(logging.StreamHandler):
     def stream(self, value):
         pass
 
+    def emit(self, record):
+        if not _STATE["bars"]:
+            return super().emit(record)
+        from tqdm import tqdm
+
+        try:  # above the progress bar, which is drawn again below the line
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - as logging.StreamHandler does
+            self.handleError(record)
+
 
 FILE_ONLY = {"file_only": True}  # `extra=` for a record the console should not show
 
@@ -82,7 +92,7 @@ class _NotBeam(logging.Filter):
                     or f"{os.sep}apache_beam{os.sep}" in (record.pathname or ""))
 
 
-_STATE = {"verbose": False, "others": None}
+_STATE = {"verbose": False, "others": None, "bars": 0}
 
 
 def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
@@ -203,3 +213,56 @@ def stage(name: str, logs_dir: Path, keep=None):
                 keep(path)
             except Exception as err:  # noqa: BLE001 - the log is on disk either way
                 say.warning(f"{name}: could not record its log file {path} ({err})")
+
+
+def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step",
+                 leave: bool = True):
+    """A tqdm bar (ETA, rate; the caller adds loss and tokens/s) on stderr when stdout is a
+    terminal; None otherwise (cron, CI, Kubernetes), where the callers print their plain
+    periodic lines. BERT_PIPELINE_PROGRESS=bar or =plain chooses either way."""
+    choice = os.environ.get("BERT_PIPELINE_PROGRESS", "").strip().lower()
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, OSError, ValueError):
+        tty = False
+    if choice == "plain" or (choice != "bar" and not tty):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
+                dynamic_ncols=True, mininterval=0.5, smoothing=0.1, leave=leave)
+
+
+class Bar:
+    """A `progress_bar` driven by a training loop's step counter: `update(step, **postfix)`
+    moves it to `step` (redrawing its postfix at most twice a second), `line(text)` sends a
+    periodic line to the log file only while the bar shows (to `log` without a bar)."""
+
+    def __init__(self, total: int, initial: int, desc: str, log, leave: bool = True):
+        self.bar, self.log = progress_bar(total, initial, desc, leave=leave), log
+        self._drawn = 0.0
+        _STATE["bars"] += self.bar is not None
+
+    @property
+    def active(self) -> bool:
+        return self.bar is not None
+
+    def update(self, step: int, postfix=None) -> None:
+        if self.bar is None:
+            return
+        if postfix and time.monotonic() - self._drawn > 0.5:
+            self.bar.set_postfix_str(postfix() if callable(postfix) else postfix)
+            self._drawn = time.monotonic()
+        self.bar.update(max(0, step - self.bar.n))
+
+    def line(self, text: str) -> None:
+        if self.bar is None:
+            self.log(text)
+        else:
+            to_file(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+            _STATE["bars"] -= 1

@@ -9,6 +9,7 @@ import time
 import keras
 import numpy as np
 
+from pipeline import logs as log_lib
 from pipeline.tracking import outbox
 
 
@@ -47,18 +48,32 @@ class EpochEvaluator(keras.callbacks.Callback):
 class Progress(keras.callbacks.Callback):
     """Every `every` steps: loss and throughput (to the log and MLflow). `batch_size`: the
     examples of one update (batch × accumulation); once per update, from the step `fit`
-    starts at (fine-tuning runs one `fit` per epoch, and resumes)."""
+    starts at (fine-tuning runs one `fit` per epoch, and resumes). When stdout is a terminal,
+    a progress bar per epoch (ETA, loss, examples/s) instead, those lines to the log file only.
+    """
 
     def __init__(self, every: int, total: int, batch_size: int, log):
         super().__init__()
         self.every, self.total, self.batch_size, self.log = every, total, batch_size, log
-        self.last = None
+        self.last, self.began, self.bar = None, None, None
 
     def on_train_begin(self, logs=None):
         self.last = (time.time(), int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)))
+        self.began = self.last
+        self.bar = log_lib.Bar(self.total, self.last[1], "finetune", self.log, leave=False)
+
+    def on_train_end(self, logs=None):
+        if self.bar is not None:
+            self.bar.close()
+
+    def _postfix(self, step: int, batch_logs) -> str:
+        rate = (step - self.began[1]) * self.batch_size / max(time.time() - self.began[0], 1e-9)
+        return f"loss {float((batch_logs or {}).get('loss', np.nan)):.4f}, {rate:,.0f} examples/s"
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        if self.bar is not None and self.bar.active:
+            self.bar.update(step, lambda: self._postfix(step, logs))
         if step % self.every or step == self.last[1]:
             return
         now = time.time()
@@ -66,4 +81,5 @@ class Progress(keras.callbacks.Callback):
         self.last = (now, step)
         loss = float((logs or {}).get("loss", np.nan))
         outbox.log_metrics({"train_loss": loss, "examples_per_second": rate}, step=step)
-        self.log(f"finetune: step {step}/{self.total}  loss {loss:.4f}  {rate:,.0f} examples/s")
+        (self.bar.line if self.bar is not None else self.log)(
+            f"finetune: step {step}/{self.total}  loss {loss:.4f}  {rate:,.0f} examples/s")

@@ -16,8 +16,14 @@ import keras
 import numpy as np
 
 from pipeline import artifacts
+from pipeline import logs as log_lib
 from pipeline.tracking import outbox
-from pipeline.training.checkpoints import CHECKPOINT_RE, global_step, seed_states, seeds_file
+from pipeline.training.checkpoints import (
+    CHECKPOINT_RE,
+    global_step,
+    seed_states,
+    seeds_file,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -62,6 +68,8 @@ class StepLogger(keras.callbacks.Callback):
     `examples_per_update` = global batch × accumulation steps. `mfu` = model FLOPs per second
     (`flops_per_token` × tokens/s, see models/flops.py) over `peak_flops` (omitted if 0).
     `loss`, `mlm_loss`, ... are Keras' running means since the start of the current chunk.
+    When stdout is a terminal a progress bar (ETA, loss, tokens/s) moves every update and
+    those lines go to the log file only (pipeline/logs.py `progress_bar`).
     """
 
     def __init__(self, every: int, total_steps: int, batch_size: int, seq_length: int,
@@ -74,12 +82,27 @@ class StepLogger(keras.callbacks.Callback):
         self.log, self.to_mlflow = log, to_mlflow
         self.last_time, self.last_step = None, None
         self.history = []
+        self.bar, self.began = None, (0.0, 0)
 
     def on_train_begin(self, logs=None):
         self.last_time, self.last_step = time.time(), global_step(self.model)
+        self.began = (self.last_time, self.last_step)
+        self.bar = log_lib.Bar(self.total, self.last_step, "train", self.log)
+
+    def on_train_end(self, logs=None):
+        if self.bar is not None:
+            self.bar.close()
+
+    def _postfix(self, step: int, batch_logs) -> str:
+        seconds = max(time.time() - self.began[0], 1e-9)
+        tokens = (step - self.began[1]) * self.examples_per_update * self.seq_length / seconds
+        loss = scalar_logs({"loss": (batch_logs or {}).get("loss", np.nan)})["loss"]
+        return f"loss {loss:.4f}, {tokens:,.0f} tok/s"
 
     def on_train_batch_end(self, batch, logs=None):
         step = global_step(self.model)
+        if self.bar is not None and self.bar.active and step != self.last_step:
+            self.bar.update(step, lambda: self._postfix(step, logs))
         if step == self.last_step or (step % self.every and step < self.total):
             return  # a micro-batch inside an update, or not a logging step
         now = time.time()
@@ -100,7 +123,8 @@ class StepLogger(keras.callbacks.Callback):
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
         # no NSP accuracy without the NSP loss (train.nsp_weight 0, data.objective: mlm)
         nsp = f"nsp_acc {metrics['nsp_accuracy']:.3f}  " if "nsp_accuracy" in metrics else ""
-        self.log(f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
+        (self.bar.line if self.bar is not None else self.log)(
+                 f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
                  f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
                  f"lr {metrics['learning_rate']:.2e}  "
                  f"gnorm {metrics.get('grad_norm', float('nan')):.3g}  "
