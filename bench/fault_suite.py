@@ -60,6 +60,9 @@ Survived = every check passed; lost = a kill after which one failed; a kill that
 missed, not injected. The last line
 reads `fault-suite: <survived>/<injected> survived, <lost> lost`; the exit status is 1 if
 anything was lost. tests/test_faults.py runs one kill of the fast stages with these functions.
+The team server's cases (server_concurrent, server_restart, postgres_restart: concurrent jobs
+on a PostgreSQL-backed MLflow server, the server or PostgreSQL killed mid-run) are in
+bench/fault_server.py; each runs once (--kills is for the stages).
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ sys.path.insert(0, str(ROOT))
 
 STAGES = ("corpus", "vocab", "data", "pretrain", "export", "finetune", "finetune_resume")
 KINDS = ("random", "file", "mlflow")
+# The team server's cases (bench/fault_server.py): concurrent jobs, the server / PostgreSQL killed.
+SERVER_CASES = ("server_concurrent", "server_restart", "postgres_restart")
 # The kinds of kill of a suite stage (KINDS unless named here).
 STAGE_KINDS = {"finetune_resume": ("checkpoint",)}
 # The pipeline stage a suite stage runs, and the reference state it starts from.
@@ -659,9 +664,15 @@ def _h5_opens(path: Path) -> bool:
 
 # ---------------------------------------------------------------------------
 def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Result]:
-    """The reference, then `kills` kills of each stage (kinds in turn); every Result."""
+    """The reference, then `kills` kills of each stage (kinds in turn); every Result. The team
+    server's cases (bench/fault_server.py) run once each, after the stages."""
+    from bench import fault_server
+
+    cases = [s for s in stages if s in SERVER_CASES]
+    stages = [s for s in stages if s not in cases]
     suite = Suite(top, log)
-    suite.build_reference(stages)
+    if stages:
+        suite.build_reference(stages)
     results = []
     for stage in stages:
         rng = random.Random(f"{seed}-{stage}")
@@ -679,6 +690,8 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
                 f"{'survived' if result.survived else 'missed' if not result.injected else 'LOST '}"
                 f"{'; '.join(result.problems) if result.injected else ''}"
                 f"  [{time.time() - started:.0f} s]")
+    if cases:
+        results += fault_server.run_cases(top, cases, seed, log)
     return results
 
 
@@ -702,14 +715,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=5, help="kills per stage (default 5)")
     parser.add_argument("--seed", type=int, default=20, help="seed of the kill moments")
-    parser.add_argument("--stages", default=",".join(STAGES),
-                        help=f"comma-separated, of {','.join(STAGES)}")
+    parser.add_argument("--stages", default=",".join(STAGES + SERVER_CASES),
+                        help=f"comma-separated, of {','.join(STAGES)} and the team server's "
+                             f"cases (bench/fault_server.py)")
     parser.add_argument("--keep", default="", help="work in this folder and keep it")
     args = parser.parse_args(argv)
-    stages = [s for s in STAGES if s in args.stages.split(",")]
-    unknown = set(args.stages.split(",")) - set(STAGES)
+    stages = [s for s in STAGES + SERVER_CASES if s in args.stages.split(",")]
+    unknown = set(args.stages.split(",")) - set(STAGES + SERVER_CASES)
     if unknown or not stages:
-        parser.error(f"unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}")
+        parser.error(f"unknown stage(s) {sorted(unknown)}; choose from "
+                     f"{', '.join(STAGES + SERVER_CASES)}")
     print(f"fault suite: {args.kills} kills per stage, seed {args.seed}; {platform.node()}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; Python "
           f"{platform.python_version()}", flush=True)

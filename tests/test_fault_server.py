@@ -1,0 +1,63 @@
+"""The counting behind the team server's fault-suite cases (bench/fault_server.py): the metric
+steps a job's own log says it logged, and the comparison with what the server holds (lost
+steps, steps sent twice). The cases themselves (a PostgreSQL-backed server, three jobs at once,
+minutes on 2 cores) run in `make fault-suite`."""
+
+from __future__ import annotations
+
+from bench import fault_server
+
+PRETRAIN_LOG = """\
+tracking: experiment faults
+step 5/100000  loss 6.1234  mlm_acc 0.010  lr 1.00e-03  gnorm 2.1  1,234 tok/s
+warning: the tracking store http://127.0.0.1:5000 does not answer (API request to ...)
+step 10/100000  loss 6.0001  mlm_acc 0.020  lr 1.00e-03  gnorm 2.0  1,230 tok/s
+not a step 15/100000 line
+step 15/100000  loss 5.9  mlm_acc 0.030  lr 1.00e-03  gnorm 1.9  1,100 tok/s
+final weights sha256 abc
+"""
+
+FINETUNE_LOG = """\
+finetune: step 10/24  loss 0.6931  52 examples/s
+finetune: epoch 1  step 12  loss 0.6900  validation accuracy 0.5000  (3 s)
+finetune: step 20/24  loss 0.6500  50 examples/s
+finetune: epoch 2  step 24  loss 0.6400  validation accuracy 0.6250  (6 s)
+finetune: wrote /tmp/x/finetune/topic
+"""
+
+
+def test_pretraining_steps_come_from_the_step_lines_only():
+    assert fault_server.logged_steps("pretrain_a", PRETRAIN_LOG) == {"loss": [5, 10, 15]}
+
+
+def test_finetuning_logs_train_loss_from_progress_and_epoch_lines():
+    steps = fault_server.logged_steps("finetune", FINETUNE_LOG)
+    assert steps == {"train_loss": [10, 12, 20, 24], "val_*": [12, 24]}
+
+
+def test_an_epoch_step_that_is_also_a_progress_step_counts_twice():
+    log = ("finetune: step 8/16  loss 0.7  10 examples/s\n"
+           "finetune: epoch 1  step 8  loss 0.7  validation accuracy 0.5  (1 s)\n")
+    assert fault_server.logged_steps("finetune", log)["train_loss"] == [8, 8]
+
+
+def test_lost_and_duplicated_steps_are_told_apart():
+    assert fault_server.missing_and_extra([5, 10, 15], [5, 10, 15]) == ([], [])
+    assert fault_server.missing_and_extra([5, 10, 15], [5, 15]) == ([10], [])
+    assert fault_server.missing_and_extra([5, 10], [5, 5, 10]) == ([], [5])
+    # a step the log has twice must be stored twice
+    assert fault_server.missing_and_extra([8, 8, 16], [8, 16]) == ([8], [])
+    assert fault_server.missing_and_extra([], [3]) == ([], [3])
+
+
+def test_expected_artifacts_name_the_local_files(tmp_path):
+    run = tmp_path / "run"
+    (run / "finetune" / "topic").mkdir(parents=True)
+    for name in ("metrics.json", "model.keras", "test_predictions.jsonl", "splits.json"):
+        (run / "finetune" / "topic" / name).write_text("x")
+    wanted = fault_server.expected_artifacts("finetune", run)
+    assert sorted(wanted) == ["finetune/metrics.json", "finetune/model.keras",
+                              "finetune/test_predictions.jsonl"]
+    assert wanted["finetune/model.keras"] == run / "finetune" / "topic" / "model.keras"
+    pretrain = fault_server.expected_artifacts("pretrain_b", run)
+    assert pretrain["model/model.keras"] == run / "pretrain" / "model.keras"
