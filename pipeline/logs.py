@@ -22,6 +22,7 @@ import io
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,7 +93,41 @@ class _NotBeam(logging.Filter):
                     or f"{os.sep}apache_beam{os.sep}" in (record.pathname or ""))
 
 
-_STATE = {"verbose": False, "others": None, "bars": 0}
+_STATE = {"verbose": False, "others": None, "bars": 0, "said": 0.0}
+
+
+class _Said(logging.Filter):
+    """Notes when the pipeline last printed a line (for `_Heartbeat`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        _STATE["said"] = time.monotonic()
+        return True
+
+
+class _Heartbeat(threading.Thread):
+    """While a stage runs: `<stage>: running, <elapsed>` whenever the pipeline has printed
+    nothing for `every` seconds and no progress bar shows (a long Beam job, an export), so
+    that cron, CI and Kubernetes logs show it is alive. BERT_PIPELINE_HEARTBEAT: seconds
+    (default 60; 0: off)."""
+
+    def __init__(self, name: str):
+        super().__init__(daemon=True, name=f"heartbeat-{name}")
+        self.stage, self.began, self.done = name, time.monotonic(), threading.Event()
+        try:
+            self.every = float(os.environ.get("BERT_PIPELINE_HEARTBEAT", "60"))
+        except ValueError:
+            self.every = 60.0
+
+    def run(self):
+        while self.every > 0 and not self.done.wait(min(self.every, 5.0)):
+            now = time.monotonic()
+            if now - _STATE["said"] >= self.every and not _STATE["bars"]:
+                minutes, seconds = divmod(int(now - self.began), 60)
+                logger().info(f"{self.stage}: running, {minutes}m {seconds:02d}s")
+
+    def stop(self):
+        self.done.set()
+        self.join(timeout=10)
 
 
 def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
@@ -116,6 +151,9 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     if not verbose:
         others.addFilter(_NotBeamFailures())
     ours.setLevel(logging.INFO)
+    for old in [f for f in ours.filters if isinstance(f, _Said)]:
+        ours.removeFilter(old)
+    ours.addFilter(_Said())
     ours.addHandler(to_console)
     root.addHandler(to_file)
     root.addHandler(others)
@@ -180,7 +218,8 @@ def stage(name: str, logs_dir: Path, keep=None):
     """One stage's run: a line when it starts and when it ends on the console, and its full
     log in `logs_dir/<name>.log` (the previous run's kept as `<name>.previous.log`): the
     pipeline's lines, every library's warnings, Beam's records, and whatever the process and
-    its workers write on file descriptor 2. `keep(path)` is called with the file at the end
+    its workers write on file descriptor 2. A quiet stage says it is running now and then
+    (`_Heartbeat`). `keep(path)` is called with the file at the end
     (the CLI logs it to the stage's MLflow run), also when the stage fails."""
     logs_dir = Path(logs_dir)
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -197,12 +236,14 @@ def stage(name: str, logs_dir: Path, keep=None):
         others.addFilter(quiet)
     say, started = logger(), time.monotonic()
     say.info(f"{name}: started (log: {path})")
-    outcome = "failed"
+    outcome, beat = "failed", _Heartbeat(name)
+    beat.start()
     try:
         with stderr_to(path):
             yield path
         outcome = "finished"
     finally:
+        beat.stop()
         say.info(f"{name}: {outcome} in {time.monotonic() - started:.1f} s")
         if quiet is not None:
             others.removeFilter(quiet)

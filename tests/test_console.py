@@ -156,3 +156,21 @@ def test_finetuning_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypa
             assert "finetune:" not in err
         else:
             assert lines == [] and "finetune:" in err and "examples/s" in err, err
+
+
+def test_a_quiet_stage_says_it_is_running(monkeypatch, tmp_path, capsys):
+    import time
+
+    from pipeline import logs
+
+    monkeypatch.setenv("BERT_PIPELINE_HEARTBEAT", "1")
+    logs.setup(tmp_path / "run.log")
+    try:
+        with logs.stage("data", tmp_path / "logs"):
+            time.sleep(2.5)  # a Beam job that prints nothing
+    finally:
+        logging.captureWarnings(False)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("data: started") and out[-1].startswith("data: finished in")
+    assert any(re.fullmatch(r"data: running, 0m 0[1-3]s", line) for line in out[1:-1]), out
+    assert "data: running" in (tmp_path / "logs" / "data.log").read_text()
