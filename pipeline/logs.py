@@ -40,6 +40,8 @@ class _Current(logging.StreamHandler):
 
     @property
     def stream(self):
+        if self._name == "stderr" and _STATE["console"] is not None:
+            return _STATE["console"]  # the terminal, while a stage's stderr is its log file
         return getattr(sys, self._name)
 
     @stream.setter
@@ -93,7 +95,7 @@ class _NotBeam(logging.Filter):
                     or f"{os.sep}apache_beam{os.sep}" in (record.pathname or ""))
 
 
-_STATE = {"verbose": False, "others": None, "bars": 0, "said": 0.0}
+_STATE = {"verbose": False, "others": None, "bars": 0, "said": 0.0, "console": None}
 
 
 class _Said(logging.Filter):
@@ -182,10 +184,12 @@ def _real_stderr() -> bool:
 
 
 @contextlib.contextmanager
-def stderr_to(path: Path):
+def stderr_to(path: Path, python_too: bool = False):
     """Points file descriptor 2 (this process's C/C++ libraries and the subprocesses it starts)
-    at `path` (appended to) while `sys.stderr` keeps writing to the terminal; restores both
-    on exit. Nests. Does nothing under `setup(..., verbose=True)`."""
+    at `path` (appended to) while the pipeline's warnings and errors, and progress bars, keep
+    going to the terminal; restores both on exit. `python_too`: `sys.stderr` too (what a
+    library prints there itself, e.g. MLflow's "Successfully registered model"). Nests. Does
+    nothing under `setup(..., verbose=True)`."""
     if _STATE["verbose"]:
         yield
         return
@@ -193,24 +197,33 @@ def stderr_to(path: Path):
         sys.stderr.flush()
     saved = os.dup(2)  # where fd 2 points now (the terminal, or an outer `stderr_to`'s file)
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    swapped, console = sys.stderr, None
-    if _real_stderr():  # Python's own writes keep going where fd 2 went before
-        console = io.TextIOWrapper(io.FileIO(os.dup(saved), "w"), encoding="utf-8",
-                                   errors="backslashreplace", line_buffering=True)
-        sys.stderr = console
+    old_stderr, old_console, opened = sys.stderr, _STATE["console"], []
+    if _real_stderr() or (old_console is not None and sys.stderr is old_console):
+        if old_console is None:  # the terminal, for the pipeline's warnings and errors
+            old_console = io.TextIOWrapper(io.FileIO(os.dup(saved), "w"), encoding="utf-8",
+                                           errors="backslashreplace", line_buffering=True)
+            opened.append(old_console)
+        sys.stderr = old_console
+        if python_too:
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                          errors="backslashreplace", line_buffering=True)
+            opened.append(sys.stderr)
+        _STATE["console"] = old_console
     os.dup2(target, 2)
     os.close(target)
     try:
         yield
     finally:
+        for stream in opened:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
         os.dup2(saved, 2)
         os.close(saved)
-        if console is not None:
+        sys.stderr = old_stderr
+        _STATE["console"] = old_console if old_console not in opened else None
+        for stream in opened:
             with contextlib.suppress(OSError, ValueError):
-                console.flush()
-            if sys.stderr is console:
-                sys.stderr = swapped
-            console.close()
+                stream.close()
 
 
 @contextlib.contextmanager
@@ -239,7 +252,7 @@ def stage(name: str, logs_dir: Path, keep=None):
     outcome, beat = "failed", _Heartbeat(name)
     beat.start()
     try:
-        with stderr_to(path):
+        with stderr_to(path, python_too=True):
             yield path
         outcome = "finished"
     finally:
@@ -270,7 +283,8 @@ def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit,
+                file=_STATE["console"] or sys.stderr,
                 dynamic_ncols=True, mininterval=0.5, smoothing=0.1, leave=leave)
 
 

@@ -24,11 +24,12 @@ BEAM = re.compile(r"^(INFO|WARNING):(apache_beam|__main__|root):|Worker: severit
                   r"apitools not found|Pipeline_options")
 TF_CPP = re.compile(r"^[IWE]\d{4} \d\d:\d\d:[\d.]+ +\d+ \w+\.cc:\d+\]|cudart_stub|cuInit|"
                     r"absl::InitializeLog")
-MLFLOW_BAR = re.compile(r"Downloading artifacts|Creating initial MLflow database")
+MLFLOW = re.compile(r"Downloading artifacts|Creating initial MLflow database|"
+                    r"Successfully registered model|Created version")
 STAGES = ("corpus", "vocab", "data", "pretrain")
 
 
-def pipeline(tmp_path, corpus_dir, *args):
+def pipeline(tmp_path, corpus_dir, *args, code=0):
     """`make pretrain`'s command (Makefile: TF_CPP_MIN_LOG_LEVEL=2, PYTHONPATH) on test_tiny,
     with the DirectRunner's multi-process mode so that the Beam jobs start harness workers
     as a larger corpus would."""
@@ -40,7 +41,7 @@ def pipeline(tmp_path, corpus_dir, *args):
                "data.workers=2"]
     done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == code, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout.splitlines() + done.stderr.splitlines()
 
 
@@ -50,8 +51,9 @@ def matching(pattern, lines):
 
 @pytest.mark.slow
 def test_the_console_is_quiet_and_the_stage_logs_are_full(tmp_path, corpus_dir):
-    console = pipeline(tmp_path, corpus_dir, "all")
-    for pattern in (BEAM, TF_CPP, MLFLOW_BAR):
+    # (register_encoder: the encoder logged as an MLflow model and read back, as by default)
+    console = pipeline(tmp_path, corpus_dir, "all", "tracking.register_encoder=true")
+    for pattern in (BEAM, TF_CPP, MLFLOW):
         assert not matching(pattern, console), matching(pattern, console)[:5]
     assert len(console) <= 60, "\n".join(console)
     for stage in STAGES:  # one line when it starts, one when it ends
@@ -73,6 +75,8 @@ def test_the_console_is_quiet_and_the_stage_logs_are_full(tmp_path, corpus_dir):
     # loads while the pretrain stage's inputs are fingerprinted).
     every_log = [line for path in logs.glob("*.log") for line in path.read_text().splitlines()]
     assert matching(TF_CPP, every_log)
+    # What MLflow prints on sys.stderr itself while the encoder is registered.
+    assert "Successfully registered model" in (logs / "pretrain.log").read_text()
 
     # Each stage's log is an artifact of its MLflow run.
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -174,3 +178,12 @@ def test_a_quiet_stage_says_it_is_running(monkeypatch, tmp_path, capsys):
     assert out[0].startswith("data: started") and out[-1].startswith("data: finished in")
     assert any(re.fullmatch(r"data: running, 0m 0[1-3]s", line) for line in out[1:-1]), out
     assert "data: running" in (tmp_path / "logs" / "data.log").read_text()
+
+
+def test_bad_input_is_still_one_line_on_the_console(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    console = pipeline(tmp_path, empty, "corpus", code=2)
+    errors = [line for line in console if line.startswith("error: ")]
+    assert len(errors) == 1 and "corpus.path" in errors[0], console
+    assert not [line for line in console if "Traceback" in line], console
