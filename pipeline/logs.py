@@ -283,9 +283,14 @@ def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit,
-                file=_STATE["console"] or sys.stderr,
-                dynamic_ncols=True, mininterval=0.5, smoothing=0.1, leave=leave)
+    console = _STATE["console"] or sys.stderr
+    try:  # a terminal that reports no size (some ptys) would get a bar 0 columns wide
+        sized = os.get_terminal_size(console.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        sized = False
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=console,
+                dynamic_ncols=sized, ncols=None if sized else 100, mininterval=0.5,
+                smoothing=0.1, leave=leave)
 
 
 class Bar:
