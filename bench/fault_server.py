@@ -28,6 +28,8 @@ the server's REST API:
 - the run's artifacts are there, each with the size of the local file it was sent from
   (pretrain: model.keras, saved_model.pb, eval.json, its config; finetune: metrics.json,
   model.keras, the test predictions, config.yaml);
+- a training run that went on 20 s past the restart has `system/*` samples after it (MLflow's
+  monitor ends its thread at a failed call; pipeline/tracking/outbox.py starts a new one);
 - no run of the experiment is RUNNING (every run FINISHED), the outbox is empty and nothing
   was rejected (outbox.rejected.jsonl would hold calls the store refused: lost).
 
@@ -134,6 +136,12 @@ class Api:
                                         "max_results": 100000})
         return sorted(int(m.get("step", 0)) for m in
                       self.call(f"metrics/get-history?{query}").get("metrics", []))
+
+    def times(self, run_id: str, key: str) -> list[int]:
+        query = urllib.parse.urlencode({"run_id": run_id, "metric_key": key,
+                                        "max_results": 100000})
+        return [int(m.get("timestamp", 0)) for m in
+                self.call(f"metrics/get-history?{query}").get("metrics", [])]
 
     def artifacts(self, run_id: str, path: str = "") -> dict[str, int]:
         """{artifact path: size} of every file under `path`, folders walked."""
@@ -301,7 +309,7 @@ def run_case(top: Path, team: Team, base: Path, case: str, rng: random.Random,
     shutil.rmtree(folder, ignore_errors=True)
     experiment = f"faults-{case}"
     result = Result(case, fault or "none", None)
-    procs, logs, run_dirs = {}, {}, {}
+    procs, logs, run_dirs, back_ms = {}, {}, {}, 0
     for job in JOBS:
         run_dirs[job] = folder / job / "run"
         copy_run(base, run_dirs[job], job)
@@ -329,6 +337,7 @@ def run_case(top: Path, team: Team, base: Path, case: str, rng: random.Random,
                     f"restart in {DOWN_SECONDS:.0f} s")
                 time.sleep(DOWN_SECONDS)
                 restart(team, fault, log=lambda _: None)
+                back_ms = int(time.time() * 1000)
                 log(f"  {case}: {fault} back at {time.time() - began:.1f} s")
             else:
                 result.problems.append("the jobs did not all reach their training loop: "
@@ -349,7 +358,7 @@ def run_case(top: Path, team: Team, base: Path, case: str, rng: random.Random,
     for job, (code, said) in synced.items():
         if code != 0:
             result.problems.append(f"{job}: tracking-sync exit {code}: {said}")
-    result.mlflow = check_runs(team, experiment, run_dirs, logs, result)
+    result.mlflow = check_runs(team, experiment, run_dirs, logs, result, back_ms)
     warned = sum("does not answer" in logs[job].read_text(errors="replace") for job in JOBS)
     sent = sum(int(m.group(1)) for job in JOBS for m in re.finditer(
         r"sent the (\d+) calls kept", logs[job].read_text(errors="replace")))
@@ -387,7 +396,8 @@ def _last_lines(logs: dict) -> str:
                      for job, path in logs.items())
 
 
-def check_runs(team: Team, experiment: str, run_dirs: dict, logs: dict, result: Result) -> str:
+def check_runs(team: Team, experiment: str, run_dirs: dict, logs: dict, result: Result,
+               back_ms: int = 0) -> str:
     """The checks on the server; adds a problem per loss; returns a summary."""
     api = Api(team.url, team.password)
     try:
@@ -400,7 +410,7 @@ def check_runs(team: Team, experiment: str, run_dirs: dict, logs: dict, result: 
         result.problems.append("runs not FINISHED: " + ", ".join(
             f"{r['info'].get('run_name')}={r['info']['status']}" for r in runs
             if r["info"]["status"] != "FINISHED"))
-    counted = gaps = 0
+    counted = gaps = resumed = 0
     for job in JOBS:
         run_dir = run_dirs[job]
         stage = "pretrain" if job.startswith("pretrain") else "finetune"
@@ -437,11 +447,17 @@ def check_runs(team: Team, experiment: str, run_dirs: dict, logs: dict, result: 
                                        f"{'missing' if path not in stored else 'of another size'}")
         samples = api.history(run_id, SYSTEM_METRIC)  # MLflow's own monitor, not the outbox
         gaps += len(set(range(samples[0], samples[-1] + 1)) - set(samples)) if samples else 0
+        after = [t for t in api.times(run_id, SYSTEM_METRIC) if t > back_ms]
+        if back_ms and samples and int(run["info"].get("end_time", 0)) > back_ms + 20_000:
+            resumed += 1
+            if not after:
+                result.problems.append(f"{job} run {run_id}: no system metrics after the outage")
         outbox = run_dir / "tracking" / "outbox.jsonl"
         if outbox.exists() or outbox.with_suffix(".rejected.jsonl").exists():
             result.problems.append(f"{job}: calls left in {outbox.parent} (kept or rejected)")
     return (f"{len(runs)} runs {','.join(statuses)}; {counted} logged metric steps checked"
-            + (f"; {gaps} system-metric samples missing (MLflow's monitor)" if gaps else ""))
+            + (f"; {gaps} system-metric samples missing (MLflow's monitor)" if gaps else "")
+            + (f"; system metrics checked after the outage in {resumed} runs" if back_ms else ""))
 
 
 def _parent_dir(runs: list[dict], run: dict) -> str:

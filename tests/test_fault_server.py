@@ -61,3 +61,50 @@ def test_expected_artifacts_name_the_local_files(tmp_path):
     assert wanted["finetune/model.keras"] == run / "finetune" / "topic" / "model.keras"
     pretrain = fault_server.expected_artifacts("pretrain_b", run)
     assert pretrain["model/model.keras"] == run / "pretrain" / "model.keras"
+
+
+def test_system_metrics_start_again_when_the_store_answers(tmp_path, monkeypatch):
+    """MLflow's system-metrics monitor ends its thread at the first failed call (the server
+    killed mid-training); once the outbox has sent what it kept, a new monitor continues the
+    run's `system/*` steps (pipeline/tracking/outbox.py restart_system_metrics)."""
+    import time
+
+    import mlflow
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    from mlflow.tracking import fluent
+
+    from pipeline.tools.server import free_port
+    from pipeline.tracking import outbox
+
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient()
+    run_id = client.create_run(client.create_experiment("monitor")).info.run_id
+    client.log_metric(run_id, "system/cpu_utilization_percentage", 1.0, step=4)
+    # The monitor of a run whose server went away: its first call fails, its thread ends.
+    dead = SystemMetricsMonitor(run_id, tracking_uri=f"http://127.0.0.1:{free_port()}")
+    fluent.run_id_to_system_metrics_monitor[run_id] = dead
+    outbox.configure(tmp_path / "outbox.jsonl", log=lambda line: None)
+    try:
+        dead.start()
+        dead._process.join(timeout=60)
+        assert not dead._process.is_alive()
+        outbox._append({"op": "batch", "run_id": run_id, "metrics": [["loss", 2.0, 0, 7]]})
+        assert outbox.flush() == (1, 0)  # the store answers: the kept call, then the monitor
+        fresh = fluent.run_id_to_system_metrics_monitor[run_id]
+        assert fresh is not dead and fresh._process.is_alive()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            steps = [m.step for m in client.get_metric_history(
+                run_id, "system/cpu_utilization_percentage")]
+            if len(steps) > 1:
+                break
+            time.sleep(0.2)
+        assert steps[0] == 4 and steps[1] == 5, steps  # continues after the last step
+    finally:
+        monitor = fluent.run_id_to_system_metrics_monitor.pop(run_id, None)
+        if monitor is not None:
+            monitor.finish()
+        outbox.configure(None)

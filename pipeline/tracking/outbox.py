@@ -162,7 +162,7 @@ def end_run(status: str = "FINISHED") -> None:
         try:
             mlflow.end_run(status)
             return
-        except Exception as err:  # noqa: BLE001 - an outage is kept, anything else re-raised
+        except Exception as err:  # an outage is kept, anything else re-raised
             if not is_outage(err):
                 raise
             _went_down(err)
@@ -209,7 +209,7 @@ def submit(entry: dict) -> None:
                 _append(entry)
                 return
         _send(entry)
-    except Exception as err:  # noqa: BLE001 - an outage is kept, anything else re-raised
+    except Exception as err:  # an outage is kept, anything else re-raised
         if not is_outage(err):
             raise
         _went_down(err)
@@ -311,7 +311,30 @@ def flush() -> tuple[int, int]:
         _state.log(f"tracking: the store {mlflow.get_tracking_uri()} answers again; sent the "
                    f"{sent} calls kept meanwhile")
     _state.pending, _state.down_until, _state.warned = 0, 0.0, False
+    restart_system_metrics()
     return sent, 0
+
+
+def restart_system_metrics() -> list[str]:
+    """MLflow's system-metrics monitor ends its thread for good at the first call that fails
+    (found by the fault suite's server_restart case: a training's `system/*` metrics stopped at
+    the outage). Once the store answers again, each monitor of a run still active here whose
+    thread has ended is replaced by a new one that continues its steps (the samples of the
+    outage itself are not kept). Returns the run ids restarted."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    from mlflow.tracking import fluent
+
+    restarted = []
+    for run_id, monitor in list(fluent.run_id_to_system_metrics_monitor.items()):
+        thread = getattr(monitor, "_process", None)
+        if thread is None or thread.is_alive():
+            continue
+        fresh = SystemMetricsMonitor(run_id, resume_logging=True,
+                                     tracking_uri=mlflow.get_tracking_uri())
+        fluent.run_id_to_system_metrics_monitor[run_id] = fresh
+        fresh.start()
+        restarted.append(run_id)
+    return restarted
 
 
 # What one log_batch request may carry (MLflow's limits).
