@@ -117,7 +117,10 @@ def cli_args(tmp_path, encoder_files, glue_dir, *more):
             f"finetune.glue_dir={glue_dir}", f"finetune.init_from={model}",
             f"finetune.vocab_file={vocab}", "finetune.max_seq_length=32",
             "finetune.batch_size=8", "finetune.max_steps=2", "finetune.epochs=1",
-            "finetune.validation_fraction=0.2", "finetune.baselines=false", *more]
+            "finetune.validation_fraction=0.2", "finetune.baselines=false",
+            # each task's feature job on Beam's in-process engine: the DirectRunner would first
+            # try Prism, whose binary it downloads (no network in tests; configs/test_tiny.yaml)
+            'data.beam_args=["--runner=FnApiRunner"]', *more]
 
 
 # ---------------------------------------------------------------------------
