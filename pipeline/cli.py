@@ -349,11 +349,13 @@ def _is_user_error(err: Exception) -> bool:
     from pipeline import artifacts
     from pipeline import config as config_lib
     from pipeline.text import sources
-    from pipeline.training import pretrainer
 
+    # A PretrainError exists only where its module (TensorFlow, Keras) was imported: do not
+    # import it (seconds) just to answer "no".
+    pretrainer = sys.modules.get("pipeline.training.pretrainer")
     if isinstance(err, (config_lib.ConfigError, sources.CorpusError, artifacts.MissingArtifact,
                         artifacts.AlteredArtifact,
-                        pretrainer.PretrainError)):
+                        *((pretrainer.PretrainError,) if pretrainer else ()))):
         return True
     # Errors raised inside Beam workers arrive wrapped; our messages say how to fix them.
     return isinstance(err, ValueError) or "vocab file" in str(err) or "not UTF-8" in str(err)

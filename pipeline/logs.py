@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 NAME = "pipeline"
@@ -255,6 +256,10 @@ def stage(name: str, logs_dir: Path, keep=None):
         with stderr_to(path, python_too=True):
             yield path
         outcome = "finished"
+    except BaseException as err:  # the stage's log says why it failed (the console: one line)
+        to_file.emit(logging.LogRecord(NAME, logging.ERROR, __file__, 0,
+                                       f"error: {err}\n{traceback.format_exc()}", None, None))
+        raise
     finally:
         beat.stop()
         say.info(f"{name}: {outcome} in {time.monotonic() - started:.1f} s")

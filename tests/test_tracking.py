@@ -42,7 +42,9 @@ class Server:
             [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
              self.store, "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
              "--artifacts-destination", str(self.artifacts)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            # MLflow's job runner (7 worker processes) is not used here: a start twice as fast.
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         deadline = time.time() + 90
         while True:
             try:
