@@ -280,8 +280,9 @@ def _content(path: str, local: str) -> str:
     """What must be the same of an artifact in both stores: its bytes; for the logged MLflow
     model (a SavedModel and a .keras archive, which embed temporary paths and times) only that
     it is there (the weights are compared by the tag pretrain.weights_sha256); for the
-    held-out curve its steps and accuracies, not the seconds."""
-    if path.startswith("model/"):
+    held-out curve its steps and accuracies, not the seconds; a stage's log file (times, pids,
+    paths on every line) only that it is there."""
+    if path.startswith(("model/", "logs/")):
         return "present"
     data = Path(local).read_bytes()
     if path.endswith("heldout_curve.json"):
