@@ -62,7 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.fault_suite import SERVER_CASES, Result, overrides, write_inputs
+from bench.fault_checks import Result
+from bench.fault_setup import SERVER_CASES, overrides, write_inputs
 from pipeline.tools import server as server_lib
 
 CASES = SERVER_CASES

@@ -63,39 +63,47 @@ anything was lost. tests/test_faults.py runs one kill of the fast stages with th
 The team server's cases (server_concurrent, server_restart, postgres_restart: concurrent jobs
 on a PostgreSQL-backed MLflow server, the server or PostgreSQL killed mid-run) are in
 bench/fault_server.py; each runs once (--kills is for the stages).
+
+This file draws the moments, runs, watches and kills the stages and tallies the results; the
+stages' tiny settings and inputs are bench/fault_setup.py's, the checks after each kill and
+each re-run bench/fault_checks.py's.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import os
 import platform
 import random
-import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STAGES = ("corpus", "vocab", "data", "pretrain", "export", "finetune", "finetune_resume")
+# What runs (bench/fault_setup.py) and what is checked after each kill (bench/fault_checks.py).
+from bench.fault_checks import (
+    Result,
+    Store,
+    check_after_kill,
+    check_killed_runs,
+    check_rerun_runs,
+    compare_rerun,
+    outputs,
+    step_losses,
+)
+from bench.fault_setup import COMMAND, SERVER_CASES, STAGES, overrides, write_inputs
+
 KINDS = ("random", "file", "mlflow")
-# The team server's cases (bench/fault_server.py): concurrent jobs, the server / PostgreSQL killed.
-SERVER_CASES = ("server_concurrent", "server_restart", "postgres_restart")
 # The kinds of kill of a suite stage (KINDS unless named here).
 STAGE_KINDS = {"finetune_resume": ("checkpoint",)}
-# The pipeline stage a suite stage runs, and the reference state it starts from.
-COMMAND = {"export": "pretrain", "finetune_resume": "finetune"}
+# The reference state a suite stage starts from.
 STARTS_AFTER = {"corpus": None, "vocab": "corpus", "data": "vocab", "pretrain": "data",
                 "export": "data", "finetune": "pretrain", "finetune_resume": "pretrain"}
 # The suite stages that share another's reference run (the same command, other kills).
@@ -104,56 +112,11 @@ SAME_REFERENCE = {"export": "pretrain", "finetune_resume": "finetune"}
 FINETUNE_CHECKPOINTS = "finetune/.checkpoints/topic"
 # The log line that separates pretraining from its export (pipeline/training/loop.py).
 TRAINED = "final weights sha256"
-STEPS, CHECKPOINT_EVERY = 24, 4
-# A resumed run's per-step loss may differ this much from the uninterrupted run's (measured:
-# ~0.01 at a loss of ~6 on the tiny model).
-LOSS_TOLERANCE = 0.05
 POLL = 0.002  # seconds between looks at the temporary files and the journal
 # Runs drawn for one kill before it counts as missed: a stage may end before the drawn moment
 # (the corpus stage's temporary folder lives a few milliseconds on the tiny corpus, the
 # export's files a few tens).
 ATTEMPTS = 5
-SKIP = {".stage.json", ".pipeline.lock"}
-
-
-def overrides(top: Path) -> list[str]:
-    """The tiny pipeline's settings, its run directory and store inside `top`."""
-    root = top / "root"
-    return [f"run_dir={root / 'run'}", f"corpus.path={top / 'raw'}/*.txt",
-            f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}", "tracking.experiment=faults",
-            f"train.steps={STEPS}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
-            "train.log_every=1", "train.peak_flops_seconds=0",
-            "finetune.dataset=csv", f"finetune.train_file={top / 'labelled.csv'}",
-            "finetune.name=topic", "finetune.max_seq_length=24", "finetune.batch_size=8",
-            "finetune.epochs=2", "finetune.learning_rate=0.001", "finetune.baselines=false",
-            "finetune.register_model=false", "finetune.checkpoint_every=4"]
-
-
-WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree "
-         "river hill road quickly slowly saw heard found kept old new happy sad garden window "
-         "morning evening children teacher farmer city village letter story music").split()
-
-
-def write_inputs(top: Path, documents: int = 120, seed: int = 0) -> None:
-    """A Google-format corpus (two files) and a labelled CSV (animal / place sentences)."""
-    rng = random.Random(seed)
-    raw = top / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    docs = []
-    for d in range(documents):
-        sentences = [" ".join([WORDS[d % len(WORDS)]] + [rng.choice(WORDS) for _ in
-                                                         range(rng.randint(5, 14))]
-                              ).capitalize() + "." for _ in range(rng.randint(3, 12))]
-        docs.append("\n".join(sentences))
-    for f in range(2):
-        (raw / f"part-{f}.txt").write_text("\n\n".join(docs[f::2]) + "\n", encoding="utf-8")
-    rows = ["text,label"]
-    for i in range(80):
-        topic = ["cat", "dog", "bird"] if i % 2 else ["house", "tree", "river", "hill", "city"]
-        words = [rng.choice(topic)] + [rng.choice(WORDS[:12]) for _ in range(rng.randint(2, 5))]
-        rng.shuffle(words)
-        rows.append(f"{' '.join(words).capitalize()}.,{'animal' if i % 2 else 'place'}")
-    (top / "labelled.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------
@@ -301,108 +264,6 @@ def _gaps(times: list) -> list:
     return [i == 0 or t - times[i - 1] > 3 * POLL + 0.01 for i, t in enumerate(times)]
 
 
-# ---------------------------------------------------------------------------
-# Outputs and their checks
-# ---------------------------------------------------------------------------
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def folder_hashes(folder: Path) -> dict:
-    """{relative path: sha256} of every file below `folder` (markers and locks aside)."""
-    return {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in SKIP}
-
-
-def finetune_summary(folder: Path) -> dict:
-    """What a fine-tuning run must reproduce: its metrics (timings aside), its predictions."""
-    metrics = json.loads((folder / "metrics.json").read_text())
-    for key in ("seconds", "train_seconds"):
-        metrics.pop(key, None)
-    predictions = sorted(p.name for p in folder.glob("test_predictions*"))
-    return {"metrics": metrics, "predictions": {n: sha256(folder / n) for n in predictions},
-            "files": sorted(p.name for p in folder.iterdir())}
-
-
-def step_losses(output: str) -> dict:
-    """{step: loss} from the `step N/M  loss X` lines of a pretrain log."""
-    losses = {}
-    for line in output.splitlines():
-        parts = line.split()
-        if len(parts) > 3 and parts[0] == "step" and "/" in parts[1] and parts[2] == "loss":
-            losses[int(parts[1].split("/")[0])] = float(parts[3])
-    return losses
-
-
-def outputs(top: Path, stage: str) -> dict:
-    """The stage's outputs as the comparisons need them (the reference's, or a re-run's)."""
-    run = top / "root" / "run"
-    if stage in ("corpus", "vocab", "data"):
-        return folder_hashes(run / stage)
-    if COMMAND.get(stage, stage) == "finetune":
-        return finetune_summary(run / "finetune" / "topic")
-    pretrain = run / "pretrain"
-    return {"eval": json.loads((pretrain / "eval.json").read_text()),
-            "model.keras": zip_whole(pretrain / "model.keras"),
-            "saved_model": (pretrain / "saved_model" / "saved_model.pb").is_file()}
-
-
-def zip_whole(path: Path) -> bool:
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
-class Store:
-    """The suite's reads of the SQLite MLflow store (sqlite3 directly: the file is replaced
-    between kills, and a fresh connection each time sees the current one)."""
-
-    def __init__(self, top: Path):
-        self.path = top / "root" / "mlflow.db"
-
-    def runs(self) -> dict:
-        """{run id: {"status", "tags": {...}}} of every run."""
-        if not self.path.exists():
-            return {}
-        with contextlib_closing(sqlite3.connect(self.path)) as db:
-            runs = {rid: {"status": status, "start": start, "tags": {}}
-                    for rid, status, start in db.execute(
-                        "select run_uuid, status, start_time from runs")}
-            for rid, key, value in db.execute("select run_uuid, key, value from tags"):
-                if rid in runs:
-                    runs[rid]["tags"][key] = value
-        return runs
-
-
-def contextlib_closing(db):
-    import contextlib
-
-    return contextlib.closing(db)
-
-
-@dataclasses.dataclass
-class Result:
-    stage: str
-    kind: str
-    killed_at: float | None
-    inside: bool = False
-    after_kill: str = ""     # absent | complete | partial (the output folder after the kill)
-    rerun: str = ""          # identical | curve | failed ...
-    mlflow: str = ""
-    strays: int = 0          # temporaries of the killed run still there after the re-run
-    problems: list = dataclasses.field(default_factory=list)
-
-    @property
-    def injected(self) -> bool:
-        return self.killed_at is not None
-
-    @property
-    def survived(self) -> bool:
-        return self.injected and not self.problems
-
-
 class Suite:
     """One temporary folder: inputs, the reference run (watched), its snapshots, the kills."""
 
@@ -477,8 +338,8 @@ class Suite:
             result.rerun = "-"
             return result
         runs_killed = {k: v for k, v in self.store.runs().items() if k not in before}
-        complete = self.check_after_kill(stage, result)
-        self.check_killed_runs(stage, runs_killed, complete, result)
+        complete = check_after_kill(self, stage, result)
+        check_killed_runs(stage, runs_killed, complete, result)
         rerun = watch(self.top, stage, self.top / "rerun.log")
         if rerun.returncode != 0:
             result.rerun = f"exit {rerun.returncode}"
@@ -486,157 +347,9 @@ class Suite:
                                    f"{rerun.output.strip().splitlines()[-1:]}")
             return result
         result.strays = len(temporaries(self.run))
-        self.compare_rerun(stage, killed, rerun, result)
-        self.check_rerun_runs(stage, runs_killed, rerun, result)
+        compare_rerun(self, stage, killed, rerun, result)
+        check_rerun_runs(self, stage, runs_killed, rerun, result)
         return result
-
-    def check_after_kill(self, stage: str, result: Result) -> bool:
-        """Nothing partial taken as complete; returns whether the output is complete."""
-        from pipeline import artifacts
-        from pipeline import config as config_lib
-        from pipeline.tracking import lineage
-
-        name = COMMAND.get(stage, stage)
-        artifacts.set_run_root(self.root)
-        config = config_lib.load(str(ROOT / "configs" / "test_tiny.yaml"), overrides(self.top))
-        paths = artifacts.Artifacts(config.run_dir)
-        folder = {"finetune": self.run / "finetune" / "topic"}.get(name, self.run / name)
-        complete = False
-        if name in ("corpus", "vocab", "data", "finetune"):
-            if not folder.exists():
-                result.after_kill = "absent"
-            else:
-                try:
-                    complete = outputs(self.top, stage) == self.expected[stage]
-                except (OSError, ValueError) as err:
-                    result.problems.append(f"{folder} unreadable after the kill: {err}")
-                result.after_kill = "complete" if complete else "partial"
-                if not complete:
-                    result.problems.append(f"{folder} exists but differs from the reference")
-            if name == "data" and folder.exists():
-                try:
-                    artifacts.verify_checksums(folder, "-")
-                except artifacts.AlteredArtifact as err:
-                    result.problems.append(f"checksums do not verify: {err}")
-        else:  # pretrain (and its export)
-            pretrain = self.run / "pretrain"
-            for path in (pretrain / "checkpoints").glob("ckpt-*.weights.h5"):
-                if not _h5_opens(path):
-                    result.problems.append(f"{path.name} does not open (partial checkpoint)")
-            keras_ok = (pretrain / "model.keras").exists()
-            if keras_ok and not zip_whole(pretrain / "model.keras"):
-                result.problems.append("model.keras is not a whole zip")
-            if (pretrain / "eval.json").exists():
-                ev = json.loads((pretrain / "eval.json").read_text())
-                if ev != self.expected["pretrain"]["eval"]:
-                    result.problems.append("eval.json differs from the reference's")
-            if (pretrain / "saved_model").exists() and not (
-                    pretrain / "saved_model" / "saved_model.pb").is_file():
-                result.problems.append("saved_model/ has no saved_model.pb")
-            complete = (keras_ok and (pretrain / "eval.json").exists()
-                        and (pretrain / "saved_model" / "saved_model.pb").is_file())
-            result.after_kill = ("complete" if complete else "absent" if not keras_ok
-                                 else "exported")
-        if STAGES_CACHED.get(name):
-            fp = lineage.fingerprint(name, config, paths)
-            if lineage.is_current(name, paths, fp) and not complete:
-                result.problems.append(f"the {name} marker accepts an incomplete output")
-        return complete
-
-    def check_killed_runs(self, stage: str, runs: dict, complete: bool, result: Result) -> None:
-        """No run of the killed invocation says FINISHED unless what it made is complete."""
-        finished = [r for r in runs.values() if r["status"] == "FINISHED"]
-        if finished and not complete:
-            result.problems.append(f"{len(finished)} MLflow run(s) of the killed invocation "
-                                   f"say FINISHED but the output is incomplete")
-        mine = [r for r in runs.values() if r["tags"].get("pipeline.stage")]
-        result.mlflow = ("killed: " + ",".join(sorted({r["status"] for r in mine}))
-                         if mine else "killed: no stage run")
-
-    def compare_rerun(self, stage: str, killed: Watched, rerun: Watched, result: Result) -> None:
-        if stage not in ("pretrain", "export"):
-            got = outputs(self.top, stage)
-            resumed = re.search(r"finetune: resuming from ckpt-\d+ \(step (\d+) of (\d+)",
-                                rerun.output)
-            if stage == "finetune_resume" and not resumed:
-                result.problems.append("killed after a checkpoint, the re-run did not resume")
-            if got == self.expected[stage]:
-                result.rerun = "identical" + (f" (resumed from step {resumed.group(1)} of "
-                                              f"{resumed.group(2)})" if resumed else "")
-            else:
-                result.rerun = "differs"
-                diff = [k for k in set(got) | set(self.expected[stage])
-                        if got.get(k) != self.expected[stage].get(k)]
-                result.problems.append(f"re-run's output differs from the reference: {diff[:5]}")
-            return
-        got = outputs(self.top, stage)
-        if not (got["model.keras"] and got["saved_model"]):
-            result.problems.append("re-run left no whole model.keras / saved_model")
-        sha = self.stage_run_tags(stage).get("pretrain.weights_sha256", "")
-        if sha and sha == self.weights_sha:
-            result.rerun = "identical"
-            return
-        # Not bit-identical: the resumed loss curve must continue the uninterrupted one.
-        resumed_from = 0
-        for line in rerun.output.splitlines():
-            if "resuming from ckpt-" in line:
-                resumed_from = int(line.rsplit("(step ", 1)[1].rstrip(")"))
-        reached = max(step_losses(killed.output), default=0)
-        if resumed_from < reached - CHECKPOINT_EVERY:
-            result.problems.append(f"resumed from step {resumed_from}, more than one checkpoint "
-                                   f"interval before step {reached} (logged before the kill)")
-        losses, expected = step_losses(rerun.output), self.expected["losses"]
-        after = [s for s in expected if s > resumed_from]
-        missing = [s for s in after if s not in losses]
-        worst = max((abs(losses[s] - expected[s]) for s in after if s in losses), default=0.0)
-        if missing:
-            result.problems.append(f"the re-run logged no loss for steps {missing[:5]}")
-        if worst > LOSS_TOLERANCE:
-            result.problems.append(f"resumed loss off the uninterrupted curve by {worst:.4f}")
-        result.rerun = f"curve from {resumed_from} (max |dloss| {worst:.3f})"
-
-    def check_rerun_runs(self, stage: str, runs_killed: dict, rerun: Watched,
-                         result: Result) -> None:
-        """The re-run's parent FINISHED; its stage run FINISHED; a pretraining killed after a
-        checkpoint is continued in the killed run (resumed), not a new one."""
-        name = COMMAND.get(stage, stage)
-        runs = self.store.runs()
-        parents = sorted((r for r in runs.values() if "mlflow.parentRunId" not in r["tags"]),
-                         key=lambda r: r["start"])
-        parent = parents[-1]
-        run_id = parent["tags"].get(f"stage.{name}.run_id", "")
-        how = parent["tags"].get(f"stage.{name}", "?")
-        problems = []
-        if parent["status"] != "FINISHED":
-            problems.append(f"re-run's parent run is {parent['status']}")
-        stage_run = runs.get(run_id, {})
-        # Killed after the stage wrote its checksums and marker but before its run ended: the
-        # outputs are complete and reused; the run that made them says KILLED (interrupted).
-        reused_killed = (how == "reused" and stage_run.get("status") == "KILLED"
-                         and "pipeline.interrupted" in stage_run.get("tags", {}))
-        if stage_run.get("status") != "FINISHED" and not reused_killed:
-            problems.append(f"re-run's {name} run is {runs.get(run_id, {}).get('status')}")
-        if name == "pretrain" and "resuming from ckpt-" in rerun.output:
-            killed_stage = [k for k, r in runs_killed.items()
-                            if r["tags"].get("pipeline.stage") == "pretrain"]
-            if killed_stage and run_id != killed_stage[0]:
-                problems.append("the resumed training got a new MLflow run, not the killed one")
-            elif killed_stage:
-                how = f"resumed (resume.count {runs[run_id]['tags'].get('resume.count')})"
-        left = [r["status"] for k, r in runs.items() if k in runs_killed and k != run_id
-                and r["tags"].get("pipeline.stage")]
-        result.mlflow += f"; re-run: {how} {runs.get(run_id, {}).get('status', '?')}" + (
-            f"; killed run now {','.join(left)}" if left else "")
-        # The killed invocation's runs say so once the next one has started: KILLED (tagged
-        # pipeline.interrupted), or continued (a resumed training) — none left RUNNING.
-        still = [k for k, r in runs.items() if k in runs_killed and r["status"] == "RUNNING"]
-        if still:
-            problems.append(f"{len(still)} run(s) of the killed invocation still RUNNING")
-        result.problems += problems
-
-
-STAGES_CACHED = {"corpus": True, "vocab": True, "data": True, "pretrain": True,
-                 "finetune": False}
 
 
 def _with_upstream(stages) -> set:
@@ -649,17 +362,6 @@ def _with_upstream(stages) -> set:
                 todo.append(STARTS_AFTER[stage])
     needed |= {same for alias, same in SAME_REFERENCE.items() if alias in needed}
     return needed
-
-
-def _h5_opens(path: Path) -> bool:
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as handle:
-            handle.visit(lambda name: None)
-        return True
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------
@@ -696,8 +398,8 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
 
 
 def table(results: list[Result], stages) -> str:
-    rows = [f"{'stage':9s} {'injected':>8s} {'survived':>8s} {'lost':>5s} {'missed':>6s} "
-            f"{'inside file':>11s} {'inside mlflow':>13s} {'strays':>6s}  re-run outputs"]
+    rows = [(f"{'stage':9s} {'injected':>8s} {'survived':>8s} {'lost':>5s} {'missed':>6s} "
+             f"{'inside file':>11s} {'inside mlflow':>13s} {'strays':>6s}  re-run outputs")]
     for stage in stages:
         mine = [r for r in results if r.stage == stage]
         injected = [r for r in mine if r.injected]
