@@ -60,7 +60,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs import reading, schema, transforms
+from beam_jobs import progress, reading, schema, transforms
 from beam_jobs.example_encoder import ExampleEncoder
 from beam_jobs.instances import (
     INSTANCE_FLAGS,
@@ -83,6 +83,7 @@ from beam_jobs.runners import (
 from beam_jobs.settings import (
     INPUT_FORMATS,
     DataSettings,
+    ProgressSettings,
     VocabSettings,
     add_flags,
     check_flags,
@@ -132,10 +133,15 @@ class CreateInstancesFn(beam.DoFn):
 
     Reads the group's documents (`transforms.DocumentLoader`), tokenizes them in batches
     (kept as compact arrays), then creates, encodes and writes each phase's instances.
+    With `progress_dir`, tells beam_jobs/progress.py the bytes of the group's documents as
+    `done`: half as they are tokenized, the other half shared by the phases, each phase's
+    share when its part file is written.
     """
 
     def __init__(self, phases: list, special: SpecialIds, temp_dir: str, vocab_file: str,
-                 lowercase: bool, input_format: str = "google", text_field: str = "text"):
+                 lowercase: bool, input_format: str = "google", text_field: str = "text",
+                 progress_dir: str = ""):
+        self._progress_dir = progress_dir
         self._phases = phases
         self._special = special
         self._temp_dir = temp_dir
@@ -148,17 +154,23 @@ class CreateInstancesFn(beam.DoFn):
         self._encoders = [ExampleEncoder(p.settings.max_seq_length,
                                          p.settings.max_predictions_per_seq,
                                          self._special.vocab_size) for p in self._phases]
+        self._reporter = progress.reporter(self._progress_dir)
 
     def load_group(self, refs, counters: dict) -> list:
         """[(doc_id, ref)] -> [(doc_id, [array of ids per sentence])], sorted by doc_id."""
         documents, batch, batch_sentences = [], [], 0
+        reporter, told = getattr(self, "_reporter", None), [0, 0]  # bytes read, told
 
         def flush():
             documents.extend(transforms.tokenize_documents(self._tokenizer, batch, counters))
             batch.clear()
+            if reporter is not None:  # the first half of the bytes read so far
+                reporter.add(done=told[0] // 2 - told[1])
+                told[1] = told[0] // 2
 
         with reading.DocumentLoader(self._format, self._text_field, counters) as loader:
             for doc_id, ref in sorted(refs, key=lambda item: item[0]):
+                told[0] += reading.ref_bytes(ref)
                 sentences = loader.load(doc_id, ref)
                 if sentences is None:
                     continue
@@ -174,6 +186,9 @@ class CreateInstancesFn(beam.DoFn):
         group, refs = element
         counters = {"groups": 1}
         documents = self.load_group(refs, counters)
+        reporter = getattr(self, "_reporter", None)
+        rest = sum(reading.ref_bytes(ref) for _, ref in refs) if reporter is not None else 0
+        rest -= rest // 2  # what the tokenization did not tell
         frame = transforms.tfrecord_frame
         for phase, encoder in zip(self._phases, self._encoders):
             settings, prefix = phase.settings, phase.prefix
@@ -194,10 +209,16 @@ class CreateInstancesFn(beam.DoFn):
                         buffer = []
                 out.write(b"".join(buffer))
                 written += len(buffer)
+            if reporter is not None:
+                share = rest // (len(self._phases) - phase.index)
+                reporter.add(done=share)
+                rest -= share
             counted.add_to(counters)
             for key, value in phase_counters.items():
                 counters[prefix + key] = counters.get(prefix + key, 0) + value
             yield phase.index, group, path, written
+        if reporter is not None:
+            reporter.flush()
         yield beam.pvalue.TaggedOutput(transforms.STATS_TAG, counters)
 
 
@@ -346,7 +367,8 @@ def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
     # reads its own documents (compressed inputs, which cannot be re-read at an offset,
     # send the document's compressed bytes instead).
     read = pipeline | "IndexDocuments" >> reading.ReadDocuments(
-        ranges, args.input_format, args.text_field, index_only=True)
+        ranges, args.input_format, args.text_field, index_only=True,
+        progress_dir=args.progress_dir)
     created = (
         read.documents
         | "AssignGroups" >> beam.Map(_key_by_group, seed=args.seed, groups=groups,
@@ -354,7 +376,7 @@ def build_pipeline(pipeline, args, special: SpecialIds, ranges=None) -> dict:
         | "GroupDocuments" >> beam.GroupByKey()
         | "CreateInstances" >> TaggedOutputs(CreateInstancesFn(
             phases, special, temp_dir, args.vocab_file, args.lowercase, args.input_format,
-            args.text_field), [transforms.STATS_TAG], main="parts"))
+            args.text_field, args.progress_dir), [transforms.STATS_TAG], main="parts"))
     # Every shard needs every part's record count: all parts (one small tuple per group and
     # phase) as one list, handed to each shard's writer (a Reshuffle spreads the writers).
     all_parts = created.parts | "CollectParts" >> Collect()
@@ -420,9 +442,11 @@ def parse_args(argv=None):
                              "--max_predictions_per_seq); absent: one output")
     parser.add_argument("--read_chunk_mb", type=float, default=16.0,
                         help="uncompressed files are read in ranges of this size")
+    add_flags(parser, ProgressSettings)
     args, beam_args = parser.parse_known_args(argv)
     args.input, args.output_dir = absolute(args.input), absolute(args.output_dir)
     args.vocab_file = absolute(args.vocab_file)
+    args.progress_dir = absolute(args.progress_dir)
     try:
         check_paths(input=args.input, output_dir=args.output_dir, vocab_file=args.vocab_file)
     except ValueError as err:

@@ -35,6 +35,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs import progress
 from beam_jobs.runners import TaggedOutputs
 from beam_jobs.settings import INPUT_FORMATS
 
@@ -255,12 +256,23 @@ class _BlockReader:
             yield block_start, block_end - block_start, block
 
 
-def read_lines(input_range: InputRange):
+def range_bytes(input_range: InputRange) -> int:
+    """The bytes of `input_range` in its file (a compressed file's: its compressed size), so
+    that the ranges of a file add up to its size."""
+    end = input_range.size if input_range.end is None else input_range.end
+    return end - input_range.start
+
+
+def read_lines(input_range: InputRange, reporter: progress.Reporter | None = None):
     """Yields the lines that start in `input_range`, decoded (UTF-8, else a ValueError naming
     the file and offset), line breaks included: every line of a file exactly once, whatever
-    the ranges."""
+    the ranges. `reporter` (beam_jobs/progress.py) gets the bytes read as `read`, every 64 KB
+    (a compressed file: its compressed size at the end); they add up to `range_bytes`."""
     path, end = input_range.path, input_range.end
     compression = CompressionTypes.AUTO if end is None else CompressionTypes.UNCOMPRESSED
+    told, limit = 0, range_bytes(input_range)
+    # Offsets in the text are offsets in the file only if it is not compressed.
+    gradual = reporter is not None and (end is not None or not _compressed(path))
     with FileSystems.open(path, compression_type=compression) as handle:
         position = input_range.start
         if position > 0:  # the line that starts before `start` belongs to the previous range
@@ -269,9 +281,20 @@ def read_lines(input_range: InputRange):
                 position += len(handle.readline())
         for raw in iter(handle.readline, b""):
             if end is not None and position >= end:
-                return
+                break
             yield decode_utf8(raw, path, position)
             position += len(raw)
+            now = position - input_range.start
+            if gradual and now - told >= _TELL_BYTES:
+                now = min(now, limit)
+                reporter.add(read=now - told)
+                told = now
+    if reporter is not None:
+        reporter.add(read=limit - told)
+
+
+# How often (bytes of text) a reading step adds to its progress reporter.
+_TELL_BYTES = 1 << 16
 
 
 def _skipper(counters: dict):
@@ -392,31 +415,57 @@ def read_range(input_range: InputRange, input_format: str = "google", text_field
                 yield doc_id, sentences
 
 
-class IndexRangeFn(beam.DoFn):
+def ref_bytes(ref) -> int:
+    """The bytes of a document by its ref from `index_range` (a compressed stream's document:
+    its zlib-compressed bytes), what `progress` counts documents in."""
+    return len(ref) if isinstance(ref, bytes) else ref[1]
+
+
+class _ReadFn(beam.DoFn):
+    """Reads one InputRange per element; with `progress_dir`, tells beam_jobs/progress.py the
+    range's bytes as `read` and its documents' bytes (`ref_bytes`) as `total`."""
+
+    def __init__(self, input_format: str = "google", text_field: str = "text",
+                 progress_dir: str = ""):
+        self._format, self._text_field = input_format, text_field
+        self._progress_dir = progress_dir
+
+    def setup(self):
+        self._reporter = progress.reporter(self._progress_dir)
+
+    def documents(self, input_range, counters: dict):
+        raise NotImplementedError
+
+    def process(self, input_range):
+        counters: dict = {}
+        reporter = getattr(self, "_reporter", None)
+        for doc_id, ref, value in self.documents(input_range, counters):
+            if reporter is not None:
+                reporter.add(total=ref_bytes(ref))
+            if value is not None:
+                yield doc_id, value
+        if reporter is not None:
+            reporter.add(read=range_bytes(input_range))
+            reporter.flush()
+        if counters:
+            yield beam.pvalue.TaggedOutput(STATS_TAG, counters)
+
+
+class IndexRangeFn(_ReadFn):
     """InputRange -> ((path, offset), ref) per document (see `index_range`); counters on `stats`."""
 
-    def __init__(self, input_format: str = "google"):
-        self._format = input_format
-
-    def process(self, input_range):
-        counters: dict = {}
-        yield from index_range(input_range, self._format, counters)
-        if counters:
-            yield beam.pvalue.TaggedOutput(STATS_TAG, counters)
+    def documents(self, input_range, counters: dict):
+        for doc_id, ref in index_range(input_range, self._format, counters):
+            yield doc_id, ref, ref
 
 
-class ReadRangeFn(beam.DoFn):
+class ReadRangeFn(_ReadFn):
     """InputRange -> ((path, offset), [sentence, ...]) per document; counters on `stats`."""
 
-    def __init__(self, input_format: str = "google", text_field: str = "text"):
-        self._format = input_format
-        self._text_field = text_field
-
-    def process(self, input_range):
-        counters: dict = {}
-        yield from read_range(input_range, self._format, self._text_field, counters)
-        if counters:
-            yield beam.pvalue.TaggedOutput(STATS_TAG, counters)
+    def documents(self, input_range, counters: dict):
+        with DocumentLoader(self._format, self._text_field, counters) as loader:
+            for doc_id, ref in index_range(input_range, self._format, counters):
+                yield doc_id, ref, loader.load(doc_id, ref)
 
 
 def _ranges(patterns, chunk_bytes: int) -> list[InputRange]:
@@ -429,12 +478,14 @@ class ReadDocuments(beam.PTransform):
     """Globs (or a list of InputRange from `plan_input`) -> documents keyed by (path, offset).
 
     With `index_only`, the documents are not read: each comes as a ref (`index_range`)
-    for `DocumentLoader` to read later. Returns `.documents` (the documents) and `.stats`
+    for `DocumentLoader` to read later. `progress_dir`: where the reading tells its progress
+    (beam_jobs/progress.py; "": nowhere). Returns `.documents` (the documents) and `.stats`
     (the counters), separate on every runner (`runners.TaggedOutputs`).
     """
 
     def __init__(self, patterns, input_format: str = "google", text_field: str = "text",
-                 chunk_bytes: int = READ_CHUNK_BYTES, index_only: bool = False):
+                 chunk_bytes: int = READ_CHUNK_BYTES, index_only: bool = False,
+                 progress_dir: str = ""):
         super().__init__()
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input format {input_format!r} is not one of {INPUT_FORMATS}")
@@ -442,10 +493,11 @@ class ReadDocuments(beam.PTransform):
         self._format = input_format
         self._text_field = text_field
         self._index_only = index_only
+        self._progress_dir = progress_dir
 
     def expand(self, pbegin):
-        read = (IndexRangeFn(self._format) if self._index_only
-                else ReadRangeFn(self._format, self._text_field))
+        read = (IndexRangeFn if self._index_only else ReadRangeFn)(
+            self._format, self._text_field, self._progress_dir)
         return (
             pbegin
             | "Ranges" >> beam.Create(self._ranges, reshuffle=len(self._ranges) > 1)

@@ -115,6 +115,17 @@ class DataSettings:
                            choices=("static", "dynamic"))
 
 
+@dataclasses.dataclass
+class ProgressSettings:
+    """The jobs' progress flag (beam_jobs/progress.py), no config key: the vocab and data
+    stages pass it when the job's workers run on this machine (pipeline/beam_progress.py)."""
+
+    progress_dir: str = setting("", "a local folder where the workers write how much text they "
+                                    "have read (for the launcher's progress bar); only for "
+                                    "workers on this machine; the outputs are the same with or "
+                                    "without it; empty: none")
+
+
 def flag_of(cls, name: str) -> str:
     """The job's flag (without --) of `cls`'s field `name`."""
     return {f.name: f for f in dataclasses.fields(cls)}[name].metadata["flag"] or name

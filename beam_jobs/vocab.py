@@ -57,9 +57,9 @@ import uuid
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs import reading, word_counts
+from beam_jobs import progress, reading, word_counts
 from beam_jobs.runners import absolute, check_paths, pipeline_options, release
-from beam_jobs.settings import VocabSettings, add_flags, check_flags
+from beam_jobs.settings import ProgressSettings, VocabSettings, add_flags, check_flags
 
 SPECIAL_TOKENS = (["[PAD]"] + [f"[unused{i}]" for i in range(99)]
                   + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -106,21 +106,26 @@ class CountWords(beam.DoFn):
     73 s for Brown's 1.1M words). In memory: at most `spill_words` distinct words; past that the
     counts so far go to a run of their own, and the range's runs are merged into one before it
     is emitted. The counts, hence the vocab, are those of a count per occurrence.
+    With `progress_dir`, the bytes read go to beam_jobs/progress.py as `read`.
     """
 
-    def __init__(self, lowercase: bool, runs_dir: str, spill_words: int, fan_in: int):
+    def __init__(self, lowercase: bool, runs_dir: str, spill_words: int, fan_in: int,
+                 progress_dir: str = ""):
         self._split_words = SplitWords(lowercase)
         self.runs_dir, self.spill_words, self.fan_in = runs_dir, spill_words, fan_in
+        self.progress_dir = progress_dir
 
     def setup(self):
         self._split_words.setup()
+        self._reporter = progress.reporter(self.progress_dir)
 
     def process(self, element):
         index, input_range = element
         prefix = FileSystems.join(self.runs_dir, f"count-{index:06d}")
         runs: list[str] = []
         counts: collections.Counter = collections.Counter()
-        for line in reading.read_lines(input_range):
+        reporter = getattr(self, "_reporter", None)
+        for line in reading.read_lines(input_range, reporter):
             counts.update(self._split_words.process(line))
             if len(counts) >= self.spill_words:
                 runs.append(word_counts.write_run(f"{prefix}-{len(runs):05d}.tsv",
@@ -129,6 +134,8 @@ class CountWords(beam.DoFn):
         if counts:
             runs.append(word_counts.write_run(f"{prefix}-{len(runs):05d}.tsv",
                                               sorted(counts.items())))
+        if reporter is not None:
+            reporter.flush()
         if runs:
             yield index, word_counts.merge_to_one(runs, f"{prefix}-merge", self.fan_in)
 
@@ -301,12 +308,14 @@ def run(argv=None, test_pipeline=None):
     parser.add_argument("--temp_dir", default=None,
                         help="folder for the run files (any Beam filesystem; default: a "
                              "hidden folder beside --output), deleted at the end")
+    add_flags(parser, ProgressSettings)
     args, beam_args = parser.parse_known_args(argv)
     check_flags(parser, args, VocabSettings)
     for flag in ("max_learner_tokens", "read_chunk_mb"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag} {getattr(args, flag)} must be > 0")
     args.input, args.output = absolute(args.input), absolute(args.output)
+    args.progress_dir = absolute(args.progress_dir)
     check_paths(input=args.input, output=args.output)
     # Beside the vocab, on any Beam filesystem (the step that writes it may run on a worker).
     out_dir = FileSystems.split(args.output)[0] or "."
@@ -358,7 +367,8 @@ def run(argv=None, test_pipeline=None):
                 p
                 | "Ranges" >> beam.Create(list(enumerate(ranges)), reshuffle=len(ranges) > 1)
                 | "CountWords" >> beam.ParDo(CountWords(args.lowercase, runs_dir,
-                                                        args.spill_words, args.merge_fan_in))
+                                                        args.spill_words, args.merge_fan_in,
+                                                        args.progress_dir))
             )
             # The runs (one per range) summed, merge_fan_in at a time, in parallel.
             for level in range(merge_levels(len(ranges), args.merge_fan_in)):

@@ -24,7 +24,7 @@ def read_docs(folder):
 
 def test_split_keeps_every_document_once(tmp_path, corpus_dir):
     config = files_config(tmp_path, f"{corpus_dir}/*.txt")
-    manifest = corpus.run(config, log=lambda *_: None)
+    manifest = corpus.run(config)
     paths = artifacts.Artifacts(config.run_dir)
     train, held = read_docs(paths.corpus_train_dir), read_docs(paths.corpus_eval_dir)
     assert len(train) + len(held) == 40
@@ -35,7 +35,7 @@ def test_split_keeps_every_document_once(tmp_path, corpus_dir):
     assert sorted(map(tuple, train + held)) == sorted(map(tuple, original))
     assert json.loads(paths.corpus_manifest.read_text())["inputs"][0]["sha256"]
     # Deterministic: the same seed holds out the same documents.
-    corpus.run(config, log=lambda *_: None)
+    corpus.run(config)
     assert read_docs(paths.corpus_eval_dir) == held
 
 
@@ -43,7 +43,7 @@ def test_empty_corpus_is_refused_and_nothing_is_left(tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n\n")
     config = files_config(tmp_path, f"{tmp_path}/empty.txt")
     with pytest.raises(CorpusError, match="no documents"):
-        corpus.run(config, log=lambda *_: None)
+        corpus.run(config)
     paths = artifacts.Artifacts(config.run_dir)
     assert not paths.corpus_dir.exists()
     assert not list(paths.root.glob(".*tmp*"))
@@ -54,7 +54,7 @@ def test_non_utf8_file_is_named(tmp_path, corpus_dir):
     bad.write_bytes("Caf\u00e9 au lait.\nSecond line.\n".encode("latin-1"))
     config = files_config(tmp_path, f"{corpus_dir}/*.txt")
     with pytest.raises(CorpusError) as info:
-        corpus.run(config, log=lambda *_: None)
+        corpus.run(config)
     assert "latin1.txt" in str(info.value) and "not UTF-8" in str(info.value)
     assert "byte offset 3" in str(info.value)
 
@@ -63,19 +63,19 @@ def test_megabyte_line_errors_or_is_skipped(tmp_path, corpus_dir):
     (corpus_dir / "long.txt").write_text("A short line.\n" + "word " * 210_000 + "\n")
     config = files_config(tmp_path, f"{corpus_dir}/*.txt")
     with pytest.raises(CorpusError) as info:
-        corpus.run(config, log=lambda *_: None)
+        corpus.run(config)
     assert "long.txt:2" in str(info.value) and "corpus.long_lines=skip" in str(info.value)
     config = files_config(tmp_path, f"{corpus_dir}/*.txt", "corpus.long_lines=skip")
-    manifest = corpus.run(config, log=lambda *_: None)
+    manifest = corpus.run(config)
     assert manifest["skipped"] == {"line_too_long": 1}
 
 
 def test_single_document_and_single_sentence_documents(tmp_path):
     (tmp_path / "one.txt").write_text("Only one document.\nWith two sentences.\n")
     with pytest.raises(CorpusError, match="only one document"):
-        corpus.run(files_config(tmp_path, f"{tmp_path}/one.txt"), log=lambda *_: None)
+        corpus.run(files_config(tmp_path, f"{tmp_path}/one.txt"))
     (tmp_path / "singles.txt").write_text("One sentence.\n\nAnother one.\n\nA third.\n")
-    manifest = corpus.run(files_config(tmp_path, f"{tmp_path}/singles.txt"), log=lambda *_: None)
+    manifest = corpus.run(files_config(tmp_path, f"{tmp_path}/singles.txt"))
     counted = (manifest["train"]["single_sentence_documents"]
                + manifest["eval"]["single_sentence_documents"])
     assert counted == 3
@@ -83,7 +83,7 @@ def test_single_document_and_single_sentence_documents(tmp_path):
 
 def test_unmatched_glob(tmp_path):
     with pytest.raises(CorpusError, match="matches no file"):
-        corpus.run(files_config(tmp_path, f"{tmp_path}/nothing-*.txt"), log=lambda *_: None)
+        corpus.run(files_config(tmp_path, f"{tmp_path}/nothing-*.txt"))
 
 
 def test_brown_sentence_detokenizes():
@@ -155,7 +155,7 @@ def test_raw_formats_give_the_documents_and_sentences(tmp_path, layout, compress
     name, overrides, filename, text = layout
     path = _compress(tmp_path / filename, text, compression)
     config = files_config(tmp_path, str(path), *overrides, "corpus.eval_fraction=0.5")
-    manifest = corpus.run(config, log=lambda *_: None)
+    manifest = corpus.run(config)
     assert _all_docs(config) == sorted(tuple(sentences) for _, sentences in DOCS)
     assert manifest["format"] == overrides[0].split("=")[1]
     assert manifest["train"]["documents"] >= 1 and manifest["eval"]["documents"] >= 1
@@ -173,7 +173,7 @@ def test_google_format_reads_bz2_like_gz_and_plain(tmp_path, corpus_dir):
         config = config_lib.load(None, [f"run_dir={tmp_path / ('run-' + kind)}",
                                         "corpus.source=files", f"corpus.path={folder}/*",
                                         "corpus.eval_fraction=0.2"])
-        corpus.run(config, log=lambda *_: None)
+        corpus.run(config)
         results.append(_all_docs(config))
     assert results[0] == results[1] == results[2] and len(results[0]) == 20
 
@@ -185,7 +185,7 @@ def test_a_megabyte_document_on_one_line_is_split_into_sentences(tmp_path):
     (tmp_path / "big.txt").write_text(big + "\nA second document. It is short.\n")
     config = files_config(tmp_path, f"{tmp_path}/big.txt", "corpus.format=text",
                           "corpus.eval_fraction=0.5")
-    manifest = corpus.run(config, log=lambda *_: None)
+    manifest = corpus.run(config)
     assert manifest["train"]["sentences"] + manifest["eval"]["sentences"] == 21_002
     assert manifest["skipped"] == {}
     docs = _all_docs(config)
@@ -199,13 +199,12 @@ def test_a_sentence_over_max_line_chars_after_splitting_errors_or_is_skipped(tmp
                                        "Third document. Short.\n")
     with pytest.raises(CorpusError) as info:
         corpus.run(files_config(tmp_path, f"{tmp_path}/docs.txt", "corpus.format=text",
-                                "corpus.max_line_chars=1000"), log=lambda *_: None)
+                                "corpus.max_line_chars=1000"))
     message = str(info.value)
     assert "docs.txt:2" in message and "corpus.max_line_chars = 1,000" in message
     assert "a sentence of 2,411 characters" in message and "corpus.long_lines=skip" in message
     manifest = corpus.run(files_config(tmp_path, f"{tmp_path}/docs.txt", "corpus.format=text",
-                                       "corpus.max_line_chars=1000", "corpus.long_lines=skip"),
-                          log=lambda *_: None)
+                                       "corpus.max_line_chars=1000", "corpus.long_lines=skip"))
     assert manifest["skipped"] == {"sentence_too_long": 1}
     assert manifest["train"]["documents"] + manifest["eval"]["documents"] == 3
 
@@ -248,7 +247,7 @@ def test_bad_raw_input_is_a_corpus_error_naming_file_and_line(tmp_path, name, fi
     (tmp_path / filename).write_bytes(data)
     config = files_config(tmp_path, str(tmp_path / filename), *overrides)
     with pytest.raises(CorpusError) as info:
-        corpus.run(config, log=lambda *_: None)
+        corpus.run(config)
     message = str(info.value)
     assert "\n" not in message
     for expected in names:
@@ -294,7 +293,7 @@ def test_the_stage_streams_documents_without_holding_them(tmp_path, monkeypatch)
 
     (tmp_path / "any.txt").write_text("unused\n")
     monkeypatch.setattr(corpus, "_read_file", documents)
-    manifest = corpus.run(files_config(tmp_path, f"{tmp_path}/any.txt"), log=lambda *_: None)
+    manifest = corpus.run(files_config(tmp_path, f"{tmp_path}/any.txt"))
     assert manifest["train"]["documents"] + manifest["eval"]["documents"] == 300
 
 
@@ -308,7 +307,7 @@ def test_one_document_each_side_when_the_hash_puts_all_on_one(tmp_path, monkeypa
     order = docs[0::2] + docs[1::2]  # part-0.txt, then part-1.txt
     monkeypatch.setattr(corpus, "is_held_out", lambda *_: held)
     config = files_config(tmp_path, f"{tmp_path}/raw/*.txt")
-    manifest = corpus.run(config, log=lambda *_: None)
+    manifest = corpus.run(config)
     paths = artifacts.Artifacts(config.run_dir)
     train, held_out = read_docs(paths.corpus_train_dir), read_docs(paths.corpus_eval_dir)
     if held:

@@ -344,8 +344,8 @@ def test_the_stages_with_a_remote_dir_give_the_outputs_of_local_paths(store, tmp
             f"run_dir={run}", "vocab.size=150", "vocab.min_word_count=1",
             "data.max_seq_length=32", "data.max_predictions_per_seq=5", "data.num_shards=2",
             *extra])
-        vocab_stage.run(config, log=lambda *_: None)
-        stats = data_stage.run(config, log=lambda *_: None)
+        vocab_stage.run(config)
+        stats = data_stage.run(config)
         runs[name] = run, stats
         assert not store  # every copy below the URL deleted
     (local, local_stats), (remote, remote_stats) = runs["local"], runs["remote"]
@@ -371,7 +371,7 @@ def test_the_stages_with_a_remote_dir_give_the_outputs_of_local_paths(store, tmp
         f"run_dir={local}", 'data.beam_args=["--runner=FlinkRunner"]'])
     with pytest.raises(ValueError, match="data.beam_args runs the Beam jobs on FlinkRunner.*"
                                          "set data.remote_dir"):
-        data_stage.run(flink, log=lambda *_: None)
+        data_stage.run(flink)
     assert remote_dir.remote_runner(["--runner=PortableRunner",
                                      "--environment_type=LOOPBACK"]) == ""
 

@@ -63,7 +63,7 @@ def test_vocab_stage_can_take_an_existing_vocab(tmp_path):
     (tmp_path / "run" / "corpus" / "train").mkdir(parents=True)
     (tmp_path / "run" / "corpus" / "train" / "a.txt").write_text("The cats.\n")
     (tmp_path / "run" / "corpus" / "manifest.json").write_text("{}")
-    meta = vocab_stage.run(config, log=lambda *_: None)
+    meta = vocab_stage.run(config)
     assert Artifacts(config.run_dir).vocab_file.read_text() == given.read_text()
     assert meta["vocab_size"] == len(vocab.SPECIAL_TOKENS) + 3
     with pytest.raises(ConfigError, match="vocab.from_file"):

@@ -13,6 +13,8 @@ second list of flags here or in the stages.
     >>> args = vocab_job_args(load(None, ["vocab.size=300"]), "corpus/*.txt", "vocab.txt")
     >>> args[args.index("--vocab_size") + 1]
     '300'
+    >>> "--progress_dir" in args, runs_locally(load(None, ['data.beam_args=["--runner=PrismRunner"]']))
+    (False, True)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 import os
 
 from beam_jobs.instances import INSTANCE_FLAGS
-from beam_jobs.settings import DataSettings, VocabSettings, flag_of
+from beam_jobs.settings import DataSettings, ProgressSettings, VocabSettings, flag_of
 from pipeline.config.sections import Config
 from pipeline.config.validation import data_phases
 
@@ -37,16 +39,23 @@ def settings_args(settings_cls, section, names=None, **values) -> list[str]:
     args = []
     for field in dataclasses.fields(settings_cls):
         if names is None or field.name in names:
-            value = values.get(field.name, getattr(section, field.name))
+            value = values[field.name] if field.name in values else getattr(section, field.name)
             args += [f"--{flag_of(settings_cls, field.name)}", _flag(value)]
     return args
 
 
+def progress_args(progress_dir: str | None) -> list[str]:
+    """The jobs' --progress_dir flag (beam_jobs/progress.py), none without a folder."""
+    return settings_args(ProgressSettings, None, progress_dir=progress_dir) if progress_dir else []
+
+
 def vocab_job_args(config: Config, input_glob: str, output: str,
-                   input_bytes: int = 0) -> list[str]:
-    """The vocab job's command line (beam_jobs/vocab.py): every vocab.* key it reads."""
+                   input_bytes: int = 0, progress_dir: str | None = None) -> list[str]:
+    """The vocab job's command line (beam_jobs/vocab.py): every vocab.* key it reads;
+    `progress_dir`: where its workers tell their progress (only for `runs_locally`)."""
     return (["--input", input_glob, "--output", output]
-            + settings_args(VocabSettings, config.vocab) + beam_args(config, input_bytes))
+            + settings_args(VocabSettings, config.vocab) + progress_args(progress_dir)
+            + beam_args(config, input_bytes))
 
 
 def instance_settings(config: Config) -> dict:
@@ -74,6 +83,28 @@ def runs_directly(config: Config) -> bool:
     return _runner(list(config.data.beam_args)) in DIRECT_RUNNERS
 
 
+def _environment(beam_args: list) -> str:
+    for i, arg in enumerate(beam_args):
+        if arg.startswith("--environment_type="):
+            return arg.split("=", 1)[1].upper()
+        if arg == "--environment_type" and i + 1 < len(beam_args):
+            return beam_args[i + 1].upper()
+    return ""
+
+
+def runs_locally(config: Config) -> bool:
+    """Whether the jobs' workers are threads or processes of this machine (a direct runner,
+    Prism, or any runner with LOOPBACK workers), so that they can write progress files the
+    stage reads (beam_jobs/progress.py). Dask, Flink, Spark, Dataflow: no."""
+    args = list(config.data.beam_args)
+    environment = _environment(args)
+    if environment == "LOOPBACK":
+        return True
+    if environment in ("DOCKER", "EXTERNAL"):
+        return False
+    return _runner(args) in (*DIRECT_RUNNERS, "PrismRunner")
+
+
 def workers(config: Config, input_bytes: int) -> int:
     """The direct runner's processes for a job reading `input_bytes` (data.workers; 0 = every
     core once the input holds two groups of data.group_size_mb, so that each process has a
@@ -98,8 +129,9 @@ def beam_args(config: Config, input_bytes: int) -> list[str]:
 
 
 def job_args(config: Config, input_glob: str, vocab_file: str, output_dir: str,
-             split: str, input_bytes: int = 0) -> list[str]:
-    """The Beam job's command line for one split (beam_jobs/pretraining_data.py)."""
+             split: str, input_bytes: int = 0, progress_dir: str | None = None) -> list[str]:
+    """The Beam job's command line for one split (beam_jobs/pretraining_data.py);
+    `progress_dir`: where its workers tell their progress (only for `runs_locally`)."""
     dc = config.data
     args = ["--input", input_glob, "--output_dir", output_dir, "--split", split,
             "--vocab_file", vocab_file,
@@ -109,4 +141,4 @@ def job_args(config: Config, input_glob: str, vocab_file: str, output_dir: str,
                            num_shards=dc.num_shards if split == "train" else 1)]
     if dc.phases:
         args += ["--phases", ",".join(f"{s}:{p}" for s, p in data_phases(config))]
-    return args + beam_args(config, input_bytes)
+    return args + progress_args(progress_dir) + beam_args(config, input_bytes)

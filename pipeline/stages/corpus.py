@@ -19,6 +19,7 @@ into a temporary directory that is renamed into place when complete.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -36,10 +37,12 @@ from pipeline.text.sources import (
     split_sentences,
 )
 
+log = logging.getLogger(__name__)
+
 DOCS_PER_FILE = 100
 
 
-def run(config: Config, log=print) -> dict:
+def run(config: Config) -> dict:
     """Writes the train / held-out corpus and returns the manifest.
 
     Streams: documents are written as they are read, so memory does not grow with the corpus.
@@ -111,9 +114,10 @@ def run(config: Config, log=print) -> dict:
             **counts,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    log(f"corpus: {counts['train']['documents']} train / {counts['eval']['documents']} held-out "
-        f"documents, {counts['train']['sentences'] + counts['eval']['sentences']:,} sentences "
-        f"-> {paths.corpus_dir}")
+    log.info(f"corpus: {counts['train']['documents']} train / {counts['eval']['documents']} "
+             f"held-out documents, "
+             f"{counts['train']['sentences'] + counts['eval']['sentences']:,} sentences "
+             f"-> {paths.corpus_dir}")
     return manifest
 
 

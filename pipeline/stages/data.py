@@ -6,7 +6,8 @@ both are complete, then writes <run_dir>/data/stats.json (both splits' stats
 and the settings the records were made with; the pretrain stage checks them).
 With `data.remote_dir` (a URL, for workers on other machines) the job reads copies of the
 corpus and vocab below it and writes there; its outputs are copied back into the temporary
-directory (pipeline/remote_dir.py).
+directory (pipeline/remote_dir.py). While a split's job runs on this machine, a progress bar
+or plain lines say how much of its text has become instances (pipeline/beam_progress.py).
 
 Layout: one phase (the default) writes data/{train,eval}-*.tfrecord; with
 `data.phases` (e.g. ["128/20", "512/80"]) each phase has its own folder,
@@ -23,21 +24,23 @@ are the config's `data.*` params, logged by the tracking module).
 from __future__ import annotations
 
 import json
+import logging
 
 import mlflow
 
 from beam_jobs import pretraining_data
 from beam_jobs import vocab as vocab_job
-from pipeline import artifacts
+from pipeline import artifacts, beam_progress, remote_dir
 from pipeline import config as config_lib
-from pipeline import remote_dir
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config, data_job
 from pipeline.tracking import outbox
 from pipeline.tracking.runs import flat_metrics
 
+log = logging.getLogger(__name__)
 
-def run(config: Config, log=print) -> dict:
+
+def run(config: Config) -> dict:
     paths = Artifacts(config.run_dir)
     artifacts.require(paths.corpus_manifest, "the prepared corpus", "corpus")
     artifacts.require(paths.vocab_file, "the vocab", "vocab")
@@ -63,10 +66,14 @@ def run(config: Config, log=print) -> dict:
                                  f"corpus/{split}")
             size = paths.corpus_bytes(split)
             if data_job.runs_directly(config):
-                log(f"data: {split} split, {size / 1e6:.1f} MB of text, "
-                    f"{data_job.workers(config, size)} Beam worker process(es)")
-            result = pretraining_data.run(data_job.job_args(
-                config, corpus, vocab_file, output, split, size))
+                log.info(f"data: {split} split, {size / 1e6:.1f} MB of text, "
+                         f"{data_job.workers(config, size)} Beam worker process(es)")
+            # A bar or plain lines while the documents become instances, when the workers
+            # are local (pipeline/beam_progress.py).
+            with beam_progress.watch(f"data: {split} split", size, data_job.runs_locally(config),
+                                     measure="done") as progress_dir:
+                result = pretraining_data.run(data_job.job_args(
+                    config, corpus, vocab_file, output, split, size, progress_dir))
             per_phase = result["phases"] if dc.phases else [result]
             for i, phase_stats in enumerate(per_phase):
                 if not phase_stats["instances"]:
@@ -94,8 +101,8 @@ def run(config: Config, log=print) -> dict:
              else "unmasked (dynamic masking in tf.data)")
     where = (paths.data_dir if not dc.phases
              else f"{paths.data_dir}/phase1..{len(phases)}")
-    log(f"data: {train['instances']:,} training / {held['instances']:,} held-out instances, "
-        f"{masks}, {pair} -> {where}")
+    log.info(f"data: {train['instances']:,} training / {held['instances']:,} held-out instances, "
+             f"{masks}, {pair} -> {where}")
     if mlflow.active_run():
         log_to_mlflow(stats, paths)
     return stats
