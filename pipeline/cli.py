@@ -36,12 +36,15 @@ import contextlib
 import datetime
 import importlib
 import json
+import logging
 import os
 import sys
 import traceback
 from pathlib import Path
 
 from pipeline.stage_spec import STAGES as SPECS
+
+log = logging.getLogger(__name__)
 
 STAGES = tuple(name for name, spec in SPECS.items() if spec.in_all)  # `all`
 EXTRA_STAGES = tuple(name for name, spec in SPECS.items() if not spec.in_all)  # by name only
@@ -158,14 +161,14 @@ def main(argv=None) -> int:
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = paths.logs_dir / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
 
-    log = logs.setup(log_file, verbose=verbose).info
+    logs.setup(log_file, verbose=verbose)
     with logs.stderr_to(log_file):  # fd 2 (C++ libraries, subprocesses) off the console
-        return _run(config, args.config, stages, args.force, paths, log,
+        return _run(config, args.config, stages, args.force, paths,
                     scheduled=args.scheduled,
                     options={"glue": {"tasks": args.tasks}} if args.tasks else None)
 
 
-def _run(config, config_path, stages, force, paths, log, scheduled=False, options=None) -> int:
+def _run(config, config_path, stages, force, paths, scheduled=False, options=None) -> int:
     """Runs `stages`; `options`: stage -> keyword arguments of its `run` (glue's --tasks)."""
     from pipeline import artifacts, logs
     from pipeline.tracking import lineage, outbox
@@ -182,9 +185,9 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False, option
               tracking.pipeline_run(config, stages, str(config_path)) if chief
               else contextlib.nullcontext() as parent):
             if parent is not None:
-                log(f"MLflow run {parent.info.run_id} ({tracking.tracking_uri(config)})")
+                log.info(f"MLflow run {parent.info.run_id} ({tracking.tracking_uri(config)})")
             else:
-                log("not the chief worker: no run lock, no MLflow runs (the chief records them)")
+                log.info("not the chief worker: no run lock, no MLflow runs (the chief records them)")
             for stage in stages:
                 current[0] = stage
                 fp = lineage.fingerprint(stage, config, paths)
@@ -196,8 +199,8 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False, option
                     artifacts.verify_checksums(paths.output_dir(made_by),
                                                SPECS[made_by].rebuild)
                 if marker:
-                    log(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
-                        f"made by MLflow run {marker.get('mlflow_run_id')})")
+                    log.info(f"{stage}: up to date, reused ({lineage.output_dir(stage, paths)}, "
+                             f"made by MLflow run {marker.get('mlflow_run_id')})")
                     if chief:
                         outbox.set_tags({f"stage.{stage}": "reused",
                                          f"stage.{stage}.run_id": marker.get("mlflow_run_id", ""),
@@ -205,7 +208,7 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False, option
                                              marker.get("mlflow_run_id", ""))})
                     continue
                 if force and chief and SPECS[stage].fresh:  # e.g. old checkpoints set aside
-                    _call(SPECS[stage].fresh, config, log)
+                    _call(SPECS[stage].fresh, config)
                 # An interrupted training continues the MLflow run it recorded (pretrain).
                 resume = _call(SPECS[stage].resumable, config) if SPECS[stage].resumable else ""
                 with (tracking.stage_run(stage, config, SPECS[stage].description,
@@ -213,7 +216,7 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False, option
                       if chief else contextlib.nullcontext()) as run, \
                         logs.stage(stage, paths.logs_dir, _keep_log if chief else None):
                     results[stage] = importlib.import_module(SPECS[stage].module).run(
-                        config, log=log, **(options or {}).get(stage, {}))
+                        config, **(options or {}).get(stage, {}))
                     # Inputs are hashed again after the run: the stage may have created them.
                     fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
                     if chief:
@@ -232,15 +235,15 @@ def _run(config, config_path, stages, force, paths, log, scheduled=False, option
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
     except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
-        return _failed(err, config, log, current[0])
-    _summary(config, paths, results, log)
+        return _failed(err, config, current[0])
+    _summary(config, paths, results)
     if scheduled and not ran:
-        log("nothing to do: every stage is up to date")
+        log.info("nothing to do: every stage is up to date")
         return EXIT_NOTHING_TO_DO
     return EXIT_OK
 
 
-def _failed(err: Exception, config, log, stage: str = "") -> int:
+def _failed(err: Exception, config, stage: str = "") -> int:
     """The exit code for an error that ended the invocation, with its one-line message (bad
     input, a full disk, a tracking store that does not answer) or its traceback (anything
     unexpected)."""
@@ -271,7 +274,7 @@ def _failed(err: Exception, config, log, stage: str = "") -> int:
         logs.to_file(f"error: {err}\n{traceback.format_exc()}")
         return EXIT_BAD_INPUT
     traceback.print_exc()
-    log(f"failed: {err!r}\n{traceback.format_exc()}")
+    logs.to_file(f"failed: {err!r}\n{traceback.format_exc()}")
     return EXIT_FAILED
 
 
@@ -361,30 +364,32 @@ def _is_user_error(err: Exception) -> bool:
     return isinstance(err, ValueError) or "vocab file" in str(err) or "not UTF-8" in str(err)
 
 
-def _summary(config, paths, results, log) -> None:
+def _summary(config, paths, results) -> None:
     from pipeline.tracking import runs as tracking
 
-    log("")
-    log("done. outputs:")
+    log.info("")
+    log.info("done. outputs:")
     for label, path in (("corpus", paths.corpus_dir), ("vocab", paths.vocab_file),
                         ("TFRecords", paths.data_dir), ("model", paths.model_keras),
                         ("SavedModel", paths.saved_model)):
         if Path(path).exists():  # only what this run dir holds (a finetune-only run has no corpus)
-            log(f"  {label:<12} {path}")
+            log.info(f"  {label:<12} {path}")
     for stage, result in results.items():
         if isinstance(result, dict) and result.get("output_dir"):
-            log(f"  {stage:<12} {result['output_dir']}")
-    log(f"  MLflow store {tracking.tracking_uri(config)}   (browse it: make ui)")
+            log.info(f"  {stage:<12} {result['output_dir']}")
+    uri = tracking.tracking_uri(config)
+    served = uri.startswith(("http://", "https://"))
+    log.info(f"  MLflow store {uri}   (browse it: {uri if served else 'make ui'})")
     if isinstance(results.get("sweep"), dict) and "best" in results["sweep"]:
         best = results["sweep"]["best"]
         metric = results["sweep"]["metric"]  # validation_<metric>
-        log(f"  sweep        best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: "
-            f"{metric} {best['validation'][metric.removeprefix('validation_')]:.4f} "
-            f"(MLflow run {best['mlflow_run_id']})")
+        log.info(f"  sweep        best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: "
+                 f"{metric} {best['validation'][metric.removeprefix('validation_')]:.4f} "
+                 f"(MLflow run {best['mlflow_run_id']})")
     if paths.pretrain_eval.exists():
         ev = json.loads(paths.pretrain_eval.read_text())
         nsp = (f"{ev['eval_nsp_accuracy']:.4f}" if "eval_nsp_accuracy" in ev
                else "n/a (no NSP loss)")
-        log(f"  held-out MLM accuracy {ev.get('eval_mlm_accuracy', float('nan')):.4f}   "
-            f"NSP accuracy {nsp}   "
-            f"(step {ev.get('step')})")
+        log.info(f"  held-out MLM accuracy {ev.get('eval_mlm_accuracy', float('nan')):.4f}   "
+                 f"NSP accuracy {nsp}   "
+                 f"(step {ev.get('step')})")

@@ -1,7 +1,8 @@
 """Logging of one invocation: the pipeline's lines on stdout and in <run_dir>/logs/<time>-<pid>.log,
 and each stage's full log in <run_dir>/logs/<stage>.log.
 
-The stages take a `log` callable (one line of text); the CLI passes `logger().info`. The log
+Every module under pipeline/ logs through `logging.getLogger(__name__)` (a child of the
+"pipeline" logger, whose lines the console shows; a warning or an error says so first). The log
 file is a handler on the root logger, so it also receives what the libraries underneath
 report through `logging` (Beam, MLflow, TensorFlow/absl: warnings and errors) and Python
 warnings; outside a stage those also reach the console on stderr.
@@ -58,6 +59,18 @@ class _Current(logging.StreamHandler):
             tqdm.write(self.format(record), file=self.stream)
         except Exception:  # noqa: BLE001 - as logging.StreamHandler does
             self.handleError(record)
+
+
+class _Console(logging.Formatter):
+    """The pipeline's lines as they are; a warning or an error says so first."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            level = "warning" if record.levelno < logging.ERROR else "error"
+            if not text.startswith(f"{level}:"):
+                text = f"{level}: {text}"
+        return text
 
 
 FILE_ONLY = {"file_only": True}  # `extra=` for a record the console should not show
@@ -146,7 +159,7 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     to_file.setLevel(logging.INFO)
     to_console = _Current("stdout")
-    to_console.setFormatter(logging.Formatter("%(message)s"))
+    to_console.setFormatter(_Console())
     to_console.addFilter(_NotFileOnly())
     others = _Current("stderr")  # what Python's last-resort handler printed
     others.setLevel(logging.INFO if verbose else logging.WARNING)
@@ -301,10 +314,10 @@ def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step
 class Bar:
     """A `progress_bar` driven by a training loop's step counter: `update(step, **postfix)`
     moves it to `step` (redrawing its postfix at most twice a second), `line(text)` sends a
-    periodic line to the log file only while the bar shows (to `log` without a bar)."""
+    periodic line to the log file only while the bar shows (to the console without a bar)."""
 
-    def __init__(self, total: int, initial: int, desc: str, log, leave: bool = True):
-        self.bar, self.log = progress_bar(total, initial, desc, leave=leave), log
+    def __init__(self, total: int, initial: int, desc: str, leave: bool = True):
+        self.bar = progress_bar(total, initial, desc, leave=leave)
         self._drawn = 0.0
         _STATE["bars"] += self.bar is not None
 
@@ -322,7 +335,7 @@ class Bar:
 
     def line(self, text: str) -> None:
         if self.bar is None:
-            self.log(text)
+            logger().info(text)
         else:
             to_file(text)
 

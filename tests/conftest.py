@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 
@@ -41,3 +42,34 @@ def corpus_dir(tmp_path):
     folder = tmp_path / "raw"
     make_corpus(folder)
     return folder
+
+
+class PipelineLines(list):
+    """The messages of the "pipeline" logger (and its children) at INFO and above, while
+    installed, but for those meant for the log file only: what the console shows of a stage,
+    for tests that call libraries directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.handler = logging.Handler(logging.INFO)
+        self.handler.emit = lambda record: (None if getattr(record, "file_only", False)
+                                            else self.append(record.getMessage()))
+
+    def __enter__(self):
+        ours = logging.getLogger("pipeline")
+        self.level = ours.level
+        ours.setLevel(logging.INFO)
+        ours.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        ours = logging.getLogger("pipeline")
+        ours.removeHandler(self.handler)
+        ours.setLevel(self.level)
+
+
+@pytest.fixture
+def pipeline_lines():
+    """A list that collects the pipeline's log lines during the test."""
+    with PipelineLines() as lines:
+        yield lines

@@ -16,6 +16,7 @@ import mlflow
 import pytest
 
 from pipeline import artifacts
+from tests.conftest import PipelineLines
 
 PROJECT = artifacts.PROJECT_ROOT
 
@@ -110,11 +111,10 @@ def fit_with_step_logger(monkeypatch, progress: str, steps=4, every=2):
     monkeypatch.setenv("BERT_PIPELINE_PROGRESS", progress)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    lines = []
-    logger = StepLogger(every, steps, batch_size=2, seq_length=8, log=lines.append,
-                        to_mlflow=False)
+    logger = StepLogger(every, steps, batch_size=2, seq_length=8, to_mlflow=False)
     x = np.arange(steps * 6, dtype="float32").reshape(steps * 2, 3) / 10
-    model.fit(x, x[:, :1], batch_size=2, epochs=1, callbacks=[logger], verbose=0)
+    with PipelineLines() as lines:
+        model.fit(x, x[:, :1], batch_size=2, epochs=1, callbacks=[logger], verbose=0)
     return lines
 
 
@@ -150,9 +150,9 @@ def test_finetuning_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypa
         monkeypatch.setenv("BERT_PIPELINE_PROGRESS", mode)
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-        lines = []
-        model.fit(x, x[:, :1], batch_size=2, epochs=1, verbose=0,
-                  callbacks=[Progress(2, 4, 2, lines.append)])
+        with PipelineLines() as lines:
+            model.fit(x, x[:, :1], batch_size=2, epochs=1, verbose=0,
+                      callbacks=[Progress(2, 4, 2, to_mlflow=False)])
         err = capsys.readouterr().err
         if mode == "plain":
             assert [line.split()[:3] for line in lines] == [

@@ -425,13 +425,13 @@ def test_init_from_copies_weights_and_refuses_mismatches(tmp_path, hf_dir, impor
 
     config = init_from_config(keras_file)
     model = pretrainer.build_model(config, vocab_size)
-    pretrainer.init_from_checkpoint(model, config, run_vocab, log=lambda *_: None)
+    pretrainer.init_from_checkpoint(model, config, run_vocab)
     assert_close("init_from (.keras)", our_outputs(model, hf_dir["x"]), hf_dir["expected"])
 
     # A Hugging Face directory works directly too.
     config = init_from_config(hf_dir["dir"])
     model = pretrainer.build_model(config, vocab_size)
-    pretrainer.init_from_checkpoint(model, config, run_vocab, log=lambda *_: None)
+    pretrainer.init_from_checkpoint(model, config, run_vocab)
 
     # Vocabulary size: the run's vocab has 8000 tokens, the checkpoint's 120-odd.
     with pytest.raises(pretrainer.PretrainError, match=rf"{vocab_size} tokens .* has 8000"):

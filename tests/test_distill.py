@@ -155,7 +155,7 @@ def test_distill_stage_trains_a_smaller_student_and_logs_it(teacher_dir, sqlite_
                             "distill.hidden_loss=cosine", "distill.init_from_teacher=false")
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment) as run:
-        results = distill.run(config, log=lambda m: None)
+        results = distill.run(config)
     history = results["history"]
     assert len(history) >= 3
     assert history[-1]["loss"] < history[0]["loss"]  # the student learns from random init
@@ -188,28 +188,28 @@ def test_student_initialised_from_the_teacher_and_config_errors(teacher_dir):
     config = distill_config(folder, teacher, "distill.max_steps=2", "distill.name=init",
                             "distill.hidden_loss=mse", "distill.hidden_match=layers",
                             "distill.hidden_dim=16", "distill.num_heads=2")
-    results = distill.run(config, log=lambda m: None, write_outputs=False)  # projection 16 -> 32
+    results = distill.run(config, write_outputs=False)  # projection 16 -> 32
     assert results["distillation"]["student"]["initialised_from_teacher_layers"] is None
     with pytest.raises(distillation.DistillError, match="init_from_teacher = true"):
         distill.run(distill_config(folder, teacher, "distill.hidden_dim=16", "distill.num_heads=2",
-                                   "distill.init_from_teacher=true"), log=lambda m: None)
+                                   "distill.init_from_teacher=true"))
     with pytest.raises(config_lib.ConfigError, match="distill.temperature"):
         distill_config(folder, teacher, "distill.temperature=0")
     with pytest.raises(config_lib.ConfigError, match="student_preset = 'huge'"):
         distill_config(folder, teacher, "distill.student_preset=huge")
     with pytest.raises(FileNotFoundError, match="finetune stage"):
-        distill.run(distill_config(folder, folder / "nowhere"), log=lambda m: None)
+        distill.run(distill_config(folder, folder / "nowhere"))
 
 
 @pytest.mark.slow  # ~90 s: the finetune stage trains and exports the teacher first
 def test_distill_a_teacher_trained_by_the_finetune_stage(tmp_path, sqlite_mlflow):  # noqa: F811
     write_encoder(tmp_path)
     write_topic_data(tmp_path)
-    teacher = finetuning.fine_tune(teacher_config(tmp_path), log=lambda m: None)
+    teacher = finetuning.fine_tune(teacher_config(tmp_path))
     config = distill_config(tmp_path, teacher["output_dir"], "distill.epochs=2")
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment):
-        results = distill.run(config, log=lambda m: None)
+        results = distill.run(config)
     s = results["distillation"]
     assert s["student"]["initialised_from_teacher_layers"] == [0]  # every other of 2 layers
     assert s["teacher"]["test_accuracy"] == pytest.approx(teacher["test"]["accuracy"])
@@ -222,4 +222,4 @@ def test_distill_a_teacher_trained_by_the_finetune_stage(tmp_path, sqlite_mlflow
     data[len(data) // 2] ^= 0xFF
     teacher_model.write_bytes(bytes(data))
     with pytest.raises(artifacts.AlteredArtifact, match="model.keras.*make finetune"):
-        distill.run(config, log=lambda m: None, write_outputs=False)
+        distill.run(config, write_outputs=False)

@@ -23,6 +23,7 @@ from pipeline import artifacts
 from pipeline.stages import pretrain
 
 from test_training import tiny_config, write_pretraining_data
+from tests.conftest import PipelineLines
 
 PROJECT = artifacts.PROJECT_ROOT
 RTOL = 1e-4
@@ -34,7 +35,11 @@ ARGS = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2",
         "train.jit_compile=auto"]
 
 DRIVER = r"""
-import json, sys
+import json, logging, sys
+said = logging.StreamHandler(sys.stdout)  # the pipeline's lines, as the CLI's console shows them
+said.setFormatter(logging.Formatter("%(message)s"))
+logging.getLogger("pipeline").addHandler(said)
+logging.getLogger("pipeline").setLevel(logging.INFO)
 mode, run_dir, *overrides = sys.argv[1:]
 if mode == "mirrored":
     from pipeline.training import strategy
@@ -43,18 +48,17 @@ from pipeline.stages import pretrain
 from test_training import tiny_config
 if mode == "mirrored":
     pretrain.export = lambda model, paths: None
-log = lambda line: print(line, flush=True)
 if mode == "multi_worker":
     # Through the CLI, as on a cluster: only the chief takes the run lock and records MLflow runs.
     from pipeline import artifacts, cli
     stage, results = pretrain.run, []
-    pretrain.run = lambda config, log=print: results.append(stage(config, log=log)) or results[-1]
+    pretrain.run = lambda config: results.append(stage(config)) or results[-1]
     config = tiny_config(run_dir, *overrides)
-    code = cli._run(config, "", ["pretrain"], False, artifacts.Artifacts(run_dir), log)
+    code = cli._run(config, "", ["pretrain"], False, artifacts.Artifacts(run_dir))
     assert code == 0, f"exit {code}"
     result = results[0]
 else:
-    result = pretrain.run(tiny_config(run_dir, *overrides), log=log)
+    result = pretrain.run(tiny_config(run_dir, *overrides))
 print("RESULT " + json.dumps({k: result[k] for k in ("history", "weights_sha256", "step",
                                                       "eval_loss")}), flush=True)
 """
@@ -111,9 +115,8 @@ def runs(tmp_path_factory):
         export = pretrain.export
         pretrain.export = lambda model, paths: None
         try:
-            reference_log = []
-            reference = pretrain.run(tiny_config(root / "reference", *ARGS),
-                                     log=reference_log.append)
+            with PipelineLines() as reference_log:
+                reference = pretrain.run(tiny_config(root / "reference", *ARGS))
             reference["log"] = "\n".join(reference_log)
         finally:
             pretrain.export = export

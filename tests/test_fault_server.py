@@ -86,7 +86,7 @@ def test_system_metrics_start_again_when_the_store_answers(tmp_path, monkeypatch
     # The monitor of a run whose server went away: its first call fails, its thread ends.
     dead = SystemMetricsMonitor(run_id, tracking_uri=f"http://127.0.0.1:{free_port()}")
     fluent.run_id_to_system_metrics_monitor[run_id] = dead
-    outbox.configure(tmp_path / "outbox.jsonl", log=lambda line: None)
+    outbox.configure(tmp_path / "outbox.jsonl")
     try:
         dead.start()
         dead._process.join(timeout=60)

@@ -87,7 +87,7 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
                          f"finetune.train_file={tmp_path}/train.csv", "finetune.name=topic")
     uri, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment) as run:
-        results = finetuning.fine_tune(config, log=lambda m: None)
+        results = finetuning.fine_tune(config)
     out = results["output_dir"]
     paths = artifacts.Artifacts(config.run_dir).finetune("topic")
     assert out == str(paths.dir)
@@ -279,7 +279,7 @@ def test_sweep_runs_the_grid_as_child_runs_and_reports_the_best(tmp_path, monkey
     stubbed: it is tested above)."""
     seen = []
 
-    def fake_run(config, log=print, write_outputs=True):
+    def fake_run(config, write_outputs=True):
         fc = config.finetune
         seen.append((fc.learning_rate, fc.freeze, write_outputs))
         score = fc.learning_rate * (2 if fc.freeze == "none" else 1)

@@ -20,6 +20,7 @@ from pipeline import config as config_lib
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import readers, records, tasks
 from pipeline.text.packing import PythonPreprocessor, round_robin
+from tests.conftest import PipelineLines
 from tests.test_finetune_data import WORDS, write_vocab
 
 SEQ = 24
@@ -142,21 +143,20 @@ def test_records_are_written_once_reused_and_read_back(tmp_path, vocab):
     config = _classification_config(tmp_path, model, vocab_path)
     task = tasks.get("classification", config.finetune)
     data = fd.load_task(config.finetune)
-    lines = []
-    splits = records.write_or_reuse(config, task, data, tokens, vocab_path, True,
-                                    log=lines.append)
+    with PipelineLines() as lines:
+        splits = records.write_or_reuse(config, task, data, tokens, vocab_path, True)
     folder = next((tmp_path / "run" / "finetune_features").iterdir())
     assert "wrote" in lines[-1] and (folder / "checksums.json").is_file()
     lineage = json.loads((folder / records.LINEAGE).read_text())
     assert lineage["task"] == "classification" and lineage["settings"]["max_seq_length"] == SEQ
     assert len(splits["train"]) == len(data.train) and len(splits["test"]) == len(data.test)
 
-    again = records.write_or_reuse(config, task, data, tokens, vocab_path, True,
-                                   log=lines.append)
+    with PipelineLines() as lines:
+        again = records.write_or_reuse(config, task, data, tokens, vocab_path, True)
     assert "reusing" in lines[-1] and again["train"].files == splits["train"].files
     changed = dataclass_replace(config, max_seq_length=SEQ - 4)
     records.write_or_reuse(changed, tasks.get("classification", changed.finetune), data,
-                           tokens, vocab_path, True, log=lines.append)
+                           tokens, vocab_path, True)
     assert len(list((tmp_path / "run" / "finetune_features").iterdir())) == 2
 
     # Evaluation rows from the records == the in-memory rows, in example order.

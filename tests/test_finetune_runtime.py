@@ -35,6 +35,7 @@ from pipeline.training import pretrainer
 from pipeline.training.callbacks import StopAt
 
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, sentence  # noqa: F401 (fixture)
+from tests.conftest import PipelineLines
 
 N, SEQ = 64, 16
 PROJECT = artifacts.PROJECT_ROOT
@@ -61,7 +62,7 @@ def finetune_section(*overrides):
                                   *overrides]).finetune
 
 
-def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None, log=None):
+def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None):
     """(model, evaluator) after `epochs` epochs of the synthetic split, built as the stage does:
     the encoder in finetune.precision, the runtime's optimizer and compile options."""
     fc = finetune_section(*overrides)
@@ -79,9 +80,9 @@ def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None, log
         logits = model.predict(split.x, batch_size=32, verbose=0)["logits"]
         return {"accuracy": float(np.mean(logits.argmax(-1) == split.y["logits"]))}
 
-    evaluator = EpochEvaluator(accuracy, "accuracy", lambda line: None, to_mlflow=False)
+    evaluator = EpochEvaluator(accuracy, "accuracy", to_mlflow=False)
     runtime.fit(model, split, fc, total, epochs, evaluator, [StopAt(total), evaluator],
-                checkpoints, log or (lambda line: None))
+                checkpoints)
     return model, evaluator
 
 
@@ -197,9 +198,8 @@ def test_checkpoints_resume_to_the_uninterrupted_run_bit_for_bit(encoder_files, 
         train(encoder, *args, dropout=0.1, checkpoints=checkpoints())
     monkeypatch.setattr(runtime.Checkpoints, "save", save)
     assert [p.name for _, p in checkpoints().found()] == ["ckpt-00000003"]
-    lines = []
-    resumed, resumed_eval = train(encoder, *args, dropout=0.1, checkpoints=checkpoints(),
-                                  log=lines.append)
+    with PipelineLines() as lines:
+        resumed, resumed_eval = train(encoder, *args, dropout=0.1, checkpoints=checkpoints())
     assert "finetune: resuming from ckpt-00000003 (step 3 of 16, epoch 1)" in lines
     assert steps(resumed) == 16
     assert resumed_eval.history == straight_eval.history  # exact, train_loss included
@@ -208,8 +208,8 @@ def test_checkpoints_resume_to_the_uninterrupted_run_bit_for_bit(encoder_files, 
     # Checkpoints at 3, 6, 8 (epoch end), 9, 12, 15, 16: the newest two kept.
     assert [p.name for _, p in checkpoints().found()] == ["ckpt-00000015", "ckpt-00000016"]
 
-    lines = []
-    assert checkpoints("finetune.learning_rate=0.002").prepare(lines.append) is None
+    with PipelineLines() as lines:
+        assert checkpoints("finetune.learning_rate=0.002").prepare() is None
     assert "finetune.learning_rate: 0.001 -> 0.002" in lines[0] and "kept aside in" in lines[0]
     assert len(list(tmp_path.glob("ckpt.aside-*/ckpt/ckpt-00000016"))) == 1
 

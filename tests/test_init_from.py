@@ -245,7 +245,7 @@ def test_finetune_from_a_cased_checkpoint_directory_serves_cased(tmp_path, cased
     try:
         experiment = mlflow.create_experiment("t", artifact_location=(tmp_path / "art").as_uri())
         with mlflow.start_run(experiment_id=experiment):
-            finetuning.fine_tune(config, log=lambda m: None)
+            finetuning.fine_tune(config)
     finally:
         mlflow.set_tracking_uri(None)
     paths = artifacts.Artifacts(config.run_dir).finetune("t")

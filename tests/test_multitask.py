@@ -87,7 +87,7 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
         config = make_config(tmp_path, encoder_files, "finetune.weight_decay=0.0",
                              topic_weight=weight)
         vocab = vocab_lib.read_vocab(encoder_files[1])
-        tasks = multitask_lib.load_tasks(config, vocab, encoder_files[1], True, log=lambda m: None)
+        tasks = multitask_lib.load_tasks(config, vocab, encoder_files[1], True)
         keras.utils.set_random_seed(0)
         from pipeline.finetuning import task_model
 
@@ -95,7 +95,7 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
         multitask_lib.build_models(tasks, backbone, config.finetune, 12)
         before = {t.name: _head_kernel(t) for t in tasks}
         embedding = np.array(backbone.get_layer("token_embedding").embeddings)
-        trained = multitask_lib.train_mixed(tasks, 12, 8, 0, log=lambda m: None)
+        trained = multitask_lib.train_mixed(tasks, 12, 8, 0)
         assert trained["batches"]["topic"] > 0 and trained["batches"]["tags"] > 0
         kernels[weight] = {t.name: np.abs(_head_kernel(t) - before[t.name]).max() for t in tasks}
         kernels[weight]["encoder"] = np.abs(
@@ -112,7 +112,7 @@ def test_stage_logs_per_task_metrics_and_the_single_task_comparison(tmp_path, en
                          ratios=(3.0, 1.0))
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment) as run:
-        results = multitask.run(config, log=lambda m: None)
+        results = multitask.run(config)
     assert sum(results["batches"].values()) == 24
     assert results["batches"]["topic"] > results["batches"]["tags"]  # 3:1 on 24 draws
     assert set(results["multitask"]["topic"]["test"]) >= {"accuracy", "macro_f1"}

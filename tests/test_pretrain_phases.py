@@ -21,6 +21,7 @@ from pipeline.training import checkpoints, loop, pretrainer
 
 import test_training
 from test_training import die_after_checkpoint, tiny_config, write_pretraining_data
+from tests.conftest import PipelineLines
 
 PHASES = [(32, 5), (48, 7)]
 
@@ -76,8 +77,11 @@ def fake_export(monkeypatch, exported):
 def run_cli(config, lines=None) -> int:
     paths = artifacts.Artifacts(config.run_dir)
     try:
-        return cli._run(config, "", ["pretrain"], False, paths,
-                        (lines.append if lines is not None else (lambda line: None)))
+        with PipelineLines() as said:
+            code = cli._run(config, "", ["pretrain"], False, paths)
+        if lines is not None:
+            lines.extend(said)
+        return code
     finally:
         mlflow.set_tracking_uri(None)
 
@@ -135,8 +139,8 @@ def test_two_phases_train_in_turn_each_its_own_run(tmp_path, monkeypatch):
     fake_export(monkeypatch, exported)
     start_from = checkpoints.start_from_previous_phase
 
-    def spy(model, previous, log=print, prefix="pretrain"):
-        start_from(model, previous, log, prefix)
+    def spy(model, previous, prefix="pretrain"):
+        start_from(model, previous, prefix)
         starts.append((checkpoints.weights_digest(model), checkpoints.global_step(model)))
 
     monkeypatch.setattr(loop, "start_from_previous_phase", spy)
@@ -304,8 +308,8 @@ def test_a_phase_starts_from_the_previous_phase_checkpoint_without_its_optimizer
     first.save_weights(str(checkpoint))
     assert checkpoints.weights_digest(first) != checkpoints.weights_digest(second)
 
-    lines = []
-    checkpoints.start_from_previous_phase(second, checkpoint, lines.append, "pretrain phase2")
+    with PipelineLines() as lines:
+        checkpoints.start_from_previous_phase(second, checkpoint, "pretrain phase2")
     assert checkpoints.weights_digest(second) == checkpoints.weights_digest(first)
     assert checkpoints.global_step(second) == 0
     assert slots(second.optimizer) and not any(np.any(keras_numpy(v))

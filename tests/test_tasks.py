@@ -113,7 +113,7 @@ def test_a_new_task_is_one_class(tmp_path, encoder_files, toy_task):
                          "finetune.dataset=csv", f"finetune.train_file={tmp_path}/train.csv",
                          "finetune.name=toy", "finetune.epochs=1", "finetune.baselines=false",
                          "finetune.register_model=false")
-    results = finetuning.fine_tune(config, log=lambda m: None)
+    results = finetuning.fine_tune(config)
     assert results["task"] == "first_word_topic"
     assert results["export_max_abs_diff"] < 1e-5
     info = json.loads(artifacts.FinetuneArtifacts(results["output_dir"]).task_json.read_text())

@@ -35,7 +35,7 @@ def store(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(uri)
     run = mlflow.MlflowClient().create_run(
         mlflow.MlflowClient().create_experiment("outage")).info.run_id
-    outbox.configure(tmp_path / "run" / "tracking" / "outbox.jsonl", log=lambda line: None,
+    outbox.configure(tmp_path / "run" / "tracking" / "outbox.jsonl",
                      retry_seconds=60)
     yield uri, run
     outbox.configure(None)

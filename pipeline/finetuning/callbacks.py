@@ -4,6 +4,7 @@ weights kept) and progress lines.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import keras
@@ -12,6 +13,8 @@ import numpy as np
 from pipeline import logs as log_lib
 from pipeline.tracking import outbox
 
+log = logging.getLogger(__name__)
+
 
 # ---------------------------------------------------------------------------
 # Training
@@ -19,10 +22,10 @@ from pipeline.tracking import outbox
 class EpochEvaluator(keras.callbacks.Callback):
     """After every epoch: the validation metrics, logged; the best epoch's weights kept."""
 
-    def __init__(self, evaluate_fn, metric: str, log, to_mlflow: bool):
+    def __init__(self, evaluate_fn, metric: str, to_mlflow: bool, label: str = "finetune"):
         super().__init__()
-        self.evaluate_fn, self.metric, self.log = evaluate_fn, metric, log
-        self.to_mlflow = to_mlflow
+        self.evaluate_fn, self.metric = evaluate_fn, metric
+        self.to_mlflow, self.label = to_mlflow, label
         self.best, self.best_epoch, self.best_weights, self.history = -np.inf, -1, None, []
         self.best_result = None
         self.start = time.time()
@@ -38,7 +41,7 @@ class EpochEvaluator(keras.callbacks.Callback):
             outbox.log_metrics({k: v for k, v in entry.items() if k not in ("epoch", "step")},
                                step=step)
         value = result[self.metric]
-        self.log(f"finetune: epoch {epoch + 1}  step {step}  loss {entry['train_loss']:.4f}  "
+        log.info(f"{self.label}: epoch {epoch + 1}  step {step}  loss {entry['train_loss']:.4f}  "
                  f"validation {self.metric} {value:.4f}  ({time.time() - self.start:.0f} s)")
         if value > self.best:
             self.best, self.best_epoch, self.best_result = value, epoch + 1, result
@@ -52,15 +55,17 @@ class Progress(keras.callbacks.Callback):
     a progress bar per epoch (ETA, loss, examples/s) instead, those lines to the log file only.
     """
 
-    def __init__(self, every: int, total: int, batch_size: int, log):
+    def __init__(self, every: int, total: int, batch_size: int, to_mlflow: bool = True,
+                 label: str = "finetune"):
         super().__init__()
-        self.every, self.total, self.batch_size, self.log = every, total, batch_size, log
+        self.to_mlflow, self.label = to_mlflow, label
+        self.every, self.total, self.batch_size = every, total, batch_size
         self.last, self.began, self.bar = None, None, None
 
     def on_train_begin(self, logs=None):
         self.last = (time.time(), int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)))
         self.began = self.last
-        self.bar = log_lib.Bar(self.total, self.last[1], "finetune", self.log, leave=False)
+        self.bar = log_lib.Bar(self.total, self.last[1], self.label, leave=False)
 
     def on_train_end(self, logs=None):
         if self.bar is not None:
@@ -80,6 +85,7 @@ class Progress(keras.callbacks.Callback):
         rate = (step - self.last[1]) * self.batch_size / max(now - self.last[0], 1e-9)
         self.last = (now, step)
         loss = float((logs or {}).get("loss", np.nan))
-        outbox.log_metrics({"train_loss": loss, "examples_per_second": rate}, step=step)
-        (self.bar.line if self.bar is not None else self.log)(
-            f"finetune: step {step}/{self.total}  loss {loss:.4f}  {rate:,.0f} examples/s")
+        if self.to_mlflow:
+            outbox.log_metrics({"train_loss": loss, "examples_per_second": rate}, step=step)
+        (self.bar.line if self.bar is not None else log.info)(
+            f"{self.label}: step {step}/{self.total}  loss {loss:.4f}  {rate:,.0f} examples/s")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from pathlib import Path
@@ -17,6 +18,8 @@ from models import distill as distill_lib
 from pipeline import artifacts
 from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
+
+log = logging.getLogger(__name__)
 
 SPEED_EXAMPLES = 1024  # inference speed: the first test inputs, the same for both models
 
@@ -136,7 +139,7 @@ class Distiller:
 
 
 def train_student(distiller: Distiller, split, batch_size: int, total_steps: int,
-                  seed: int, log=print, every: int = 0) -> list[dict]:
+                  seed: int, every: int = 0) -> list[dict]:
     """`total_steps` steps over shuffled epochs of `split`; returns the loss history (the mean
     of each `every`-step window, logged to MLflow)."""
     import tensorflow as tf
@@ -159,9 +162,9 @@ def train_student(distiller: Distiller, split, batch_size: int, total_steps: int
             history.append(entry)
             window = []
             rate = step * batch_size / max(time.time() - started, 1e-9)
-            log(f"distill: step {step}/{total_steps}  loss {entry['loss']:.4f} (soft "
-                f"{entry['soft_loss']:.4f}, hard {entry['hard_loss']:.4f}, hidden "
-                f"{entry['hidden_loss']:.4f})  {rate:,.0f} examples/s")
+            log.info(f"distill: step {step}/{total_steps}  loss {entry['loss']:.4f} (soft "
+                     f"{entry['soft_loss']:.4f}, hard {entry['hard_loss']:.4f}, hidden "
+                     f"{entry['hidden_loss']:.4f})  {rate:,.0f} examples/s")
             if mlflow.active_run():
                 mlflow.log_metrics({f"train_{k}": v for k, v in entry.items() if k != "step"},
                                    step=step)

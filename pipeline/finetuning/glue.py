@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import statistics
 import time
 from collections import Counter
@@ -43,6 +44,8 @@ from pipeline.finetuning.readers import (
     _read_text,
     read_glue,
 )
+
+log = logging.getLogger(__name__)
 
 
 class GlueError(FinetuneDataError):
@@ -270,7 +273,7 @@ def predictor(model_dir, task: str, chunk: int = 8192):
     return predict
 
 
-def majority_class(glue_dir, task: str, log=print) -> dict:
+def majority_class(glue_dir, task: str) -> dict:
     """The BERT paper's WNLI: the training set's most frequent label predicted everywhere.
     Returns the task's record (dev entries, and the test predictions of `test_files`)."""
     started = time.time()
@@ -284,9 +287,9 @@ def majority_class(glue_dir, task: str, log=print) -> dict:
     for sub, path in test_files(glue_dir, task).items():
         indices, examples = read_test(path, task)
         predictions[sub] = (indices, [label] * len(examples))
-    log(f"glue: {task}: the majority class of train ({label!r}, {counts[label]} of "
-        f"{sum(counts.values())}) predicted everywhere, as the BERT paper did; dev accuracy "
-        f"{entries[ENTRIES[task][0][0]]['accuracy']:.4f}")
+    log.info(f"glue: {task}: the majority class of train ({label!r}, {counts[label]} of "
+             f"{sum(counts.values())}) predicted everywhere, as the BERT paper did; dev accuracy "
+             f"{entries[ENTRIES[task][0][0]]['accuracy']:.4f}")
     return {"method": f"majority class ({label!r}) of train, as the BERT paper", "steps": 0,
             "entries": entries, "seconds": round(time.time() - started, 1),
             "train_seconds": 0.0, "predictions": predictions}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import shutil
 import time
@@ -23,6 +24,8 @@ from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
 from models import preprocessor
 from pipeline.text import vocab as vocab_lib
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -79,7 +82,7 @@ def task_batches(split, batch_size: int, seed: int):
     return ds.batch(batch_size, drop_remainder=True).prefetch(2)
 
 
-def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int, log=print,
+def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
                 label: str = "multitask", progress_every: int = 50) -> dict:
     """`steps` optimizer steps, each on one batch of the task the schedule draws.
 
@@ -104,9 +107,9 @@ def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int, log=p
         if step % progress_every == 0 or step == steps:
             rate = step * batch_size / max(time.time() - started, 1e-9)
             losses = {n: float(np.mean(v)) for n, v in recent.items() if v}
-            log(f"{label}: step {step}/{steps}  " +
-                "  ".join(f"{n} loss {v:.4f}" for n, v in losses.items()) +
-                f"  {rate:,.0f} examples/s")
+            log.info(f"{label}: step {step}/{steps}  " +
+                     "  ".join(f"{n} loss {v:.4f}" for n, v in losses.items()) +
+                     f"  {rate:,.0f} examples/s")
             if mlflow.active_run():
                 mlflow.log_metrics({f"{n}.train_loss": v for n, v in losses.items()}, step=step)
     return {"batches": counts,
@@ -116,8 +119,7 @@ def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int, log=p
 # ---------------------------------------------------------------------------
 # Building the models
 # ---------------------------------------------------------------------------
-def load_tasks(config: Config, vocab: list, vocab_path, lowercase: bool,
-               log=print) -> list[Task]:
+def load_tasks(config: Config, vocab: list, vocab_path, lowercase: bool) -> list[Task]:
     """Data and features of every task: the finetune stage's readers, and its features written
     once by the Beam job and streamed (pipeline/finetuning/records.py)."""
     out = []
@@ -126,12 +128,13 @@ def load_tasks(config: Config, vocab: list, vocab_path, lowercase: bool,
         data = fd.load_task(fc)
         splits = records.write_or_reuse(dataclasses.replace(config, finetune=fc),
                                         task_registry.get(fc.task, fc), data, vocab, vocab_path,
-                                        lowercase, log)
+                                        lowercase)
         counts = data.splits["counts"]
-        log(f"multitask: task {spec.name}: {fc.task} on {fc.dataset}: {counts['train']:,} train / "
-            f"{counts['validation']:,} validation / {counts['test']:,} test examples"
-            + (f", {len(data.labels)} labels" if data.labels else "")
-            + f"; loss weight {spec.weight}, sampling ratio {spec.sampling_ratio}")
+        log.info(f"multitask: task {spec.name}: {fc.task} on {fc.dataset}: "
+                 f"{counts['train']:,} train / {counts['validation']:,} validation / "
+                 f"{counts['test']:,} test examples"
+                 + (f", {len(data.labels)} labels" if data.labels else "")
+                 + f"; loss weight {spec.weight}, sampling ratio {spec.sampling_ratio}")
         out.append(Task(spec, data, splits))
     return out
 
@@ -187,8 +190,7 @@ def _log_task_metrics(results: dict) -> None:
     mlflow.log_metrics(flat)
 
 
-def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int, strategy,
-                         log) -> dict:
+def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int, strategy) -> dict:
     """`task` alone, from a fresh copy of the same encoder, for the same steps, as a nested run."""
     fc = config.finetune
     keras.utils.set_random_seed(fc.seed)
@@ -208,8 +210,8 @@ def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int,
             mlflow.log_params({"multitask.task": task.name, "multitask.total_steps": steps,
                                "finetune.learning_rate": fc.learning_rate,
                                "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed})
-        log(f"multitask: single-task baseline {task.name}: {steps} steps")
-        train_mixed([alone], steps, fc.batch_size, fc.seed, log, label=f"single {task.name}")
+        log.info(f"multitask: single-task baseline {task.name}: {steps} steps")
+        train_mixed([alone], steps, fc.batch_size, fc.seed, label=f"single {task.name}")
         result = evaluate_tasks([alone])[task.name]
         if child is not None:
             _log_task_metrics({task.name: result})
@@ -248,7 +250,7 @@ def comparison_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path, log) -> None:
+def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path) -> None:
     """<run_dir>/multitask/<name>/ written whole, then its files logged to MLflow."""
     with artifacts.atomic_dir(paths.dir) as tmp:
         out = artifacts.MultitaskArtifacts(tmp)
@@ -276,7 +278,7 @@ def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_pa
             out.comparison_json.write_text(json.dumps(results["comparison"], indent=2))
             out.comparison_md.write_text(comparison_markdown(results["comparison"]) + "\n")
         artifacts.write_checksums(tmp)  # last
-    log(f"multitask: wrote {paths.dir}")
+    log.info(f"multitask: wrote {paths.dir}")
     if not mlflow.active_run():
         return
     for path in (paths.metrics, paths.comparison_md, paths.comparison_json, paths.config):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from pipeline.finetuning import readers, tasks
 from pipeline.finetuning.task_model import output_name, resolve_init
 from pipeline.tracking import outbox
 
+log = logging.getLogger(__name__)
+
 
 def registered_name(fc) -> str:
     """The model registry name: `finetune.registered_model`, else bert-<finetune.name> with
@@ -26,14 +29,14 @@ def registered_name(fc) -> str:
     return fc.registered_model or "bert-" + output_name(fc).replace("_", "-")
 
 
-def _report(results: dict, data: readers.TaskData, log) -> None:
+def _report(results: dict, data: readers.TaskData) -> None:
     keys = [k for k, v in results["test"].items() if isinstance(v, float)]
     keys = sorted(keys, key=lambda k: (k != data.metric, k))[:4]
-    log(f"finetune: test ({len(data.test):,} examples)   " +
-        "   ".join(f"{k} {results['test'][k]:.4f}" for k in keys))
+    log.info(f"finetune: test ({len(data.test):,} examples)   " +
+             "   ".join(f"{k} {results['test'][k]:.4f}" for k in keys))
     for name, result in results.get("baselines", {}).items():
-        log(f"finetune: baseline {name:<18}" +
-            "   ".join(f"{k} {result[k]:.4f}" for k in keys if k in result))
+        log.info(f"finetune: baseline {name:<18}" +
+                 "   ".join(f"{k} {result[k]:.4f}" for k in keys if k in result))
 
 
 def task_info(config: Config, data: readers.TaskData, lowercase: bool, model_path="") -> dict:
@@ -54,7 +57,7 @@ def task_info(config: Config, data: readers.TaskData, lowercase: bool, model_pat
 
 
 def write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
-                  lowercase, log) -> None:
+                  lowercase) -> None:
     """Writes <run_dir>/finetune/<name>/ whole, then logs it to MLflow and registers the model."""
     from pipeline.serving import mlflow_model
 
@@ -75,7 +78,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         out.metrics.write_text(json.dumps(results, indent=2, default=float))
         _write_predictions(out.test_predictions, task, data, predictions["test"])
         artifacts.write_checksums(tmp)  # last: what distillation checks before it reads them
-    log(f"finetune: wrote {paths.dir}")
+    log.info(f"finetune: wrote {paths.dir}")
 
     if not mlflow.active_run():
         return
@@ -96,21 +99,21 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
             outbox.log_artifact(path, "finetune")
     outbox.log_artifact(paths.model_keras, "finetune")
     if task.serving and fc.register_model and outbox.is_down():
-        log(f"warning: finetune: the tracking store is down, so the model in {paths.dir} is not "
-            f"registered; register it later by running the stage again with --force")
+        log.warning(f"finetune: the tracking store is down, so the model in {paths.dir} is not "
+                    f"registered; register it later by running the stage again with --force")
     elif task.serving and fc.register_model:
         name = registered_name(fc)
         uri, version = mlflow_model.log_to_mlflow(paths.dir, info, name)
         mlflow.set_tags({"finetune.model_uri": uri, "finetune.registered_model": name})
-        log(f"finetune: logged the raw-text model to MLflow ({uri}), registered as {name!r} "
-            f"version {version}")
+        log.info(f"finetune: logged the raw-text model to MLflow ({uri}), registered as {name!r} "
+                 f"version {version}")
         if version:
             from pipeline.tracking import runs as tracking
 
             # The champion alias moves only to a model that beats it on the same test split.
             split_id = hashlib.sha256(json.dumps(data.splits, sort_keys=True).encode()).hexdigest()
             tracking.promote_if_better(name, version, f"test_{data.metric}",
-                                       results["test"][data.metric], split_id[:16], log=log)
+                                       results["test"][data.metric], split_id[:16])
 
 
 def _write_predictions(path: Path, task, data: readers.TaskData, prediction: dict) -> None:

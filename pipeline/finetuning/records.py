@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +26,8 @@ import numpy as np
 
 from pipeline import artifacts
 from pipeline.finetuning import readers
+
+log = logging.getLogger(__name__)
 
 SPEC = "spec.json"
 SHUFFLE_BUFFER = 10_000  # training records shuffled at a time (BERT's run_classifier: 100)
@@ -116,8 +119,7 @@ def feature_settings(fc, labels, pair: bool) -> dict:
     return {**{k: getattr(fc, k) for k in keys}, "labels": labels, "pair": pair}
 
 
-def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool,
-                   log=print) -> dict:
+def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool) -> dict:
     """{split: RecordSplit} of every split of `data`: the features folder of this key,
     written now by the Beam job if there is none (or its checksums fail), else reused. The
     job runs with the data stage's runner options (data.beam_args; data.workers processes
@@ -141,8 +143,8 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool,
         key = features_key(task.name, settings, vocab_path, lowercase, files)
         folder = paths.root / "finetune_features" / key
         if folder.is_dir() and _usable(folder):
-            log(f"finetune: reusing the features in {folder} (same task settings, vocab and "
-                f"examples)")
+            log.info(f"finetune: reusing the features in {folder} (same task settings, vocab and "
+                     f"examples)")
             return open_splits(folder, task, splits)
         encoder = RowEncoder(task.name, fc, vocab, lowercase, data.labels, data.pair)
         beam_args = data_job.beam_args(config, sum(p.stat().st_size for p in files.values()))
@@ -163,8 +165,8 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool,
                 "files": data.splits.get("files", {})}, indent=2, default=str))
             artifacts.write_checksums(tmp)
         rows = sum(c["rows"] for c in counts.values())
-        log(f"finetune: wrote {rows:,} feature rows of {len(splits)} splits to {folder} "
-            f"(Beam)")
+        log.info(f"finetune: wrote {rows:,} feature rows of {len(splits)} splits to {folder} "
+                 f"(Beam)")
         return open_splits(folder, task, splits)
     finally:
         for path in staging.glob("*"):

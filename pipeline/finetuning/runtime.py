@@ -24,6 +24,7 @@ aside (`set_aside`, as pretraining's --force) and training starts over.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -44,6 +45,8 @@ from pipeline.training.checkpoints import (
     seeds_file,
     set_aside,
 )
+
+log = logging.getLogger(__name__)
 
 # finetune.jit_compile = auto on a machine without GPUs: off. Measured on the BERT-tiny
 # classifier (2 layers, hidden 128; seq 128, batch 32; `fit` on 2 shared cores with AVX512_BF16
@@ -220,7 +223,7 @@ class Checkpoints:
         return sorted((int(m.group(1)), p) for p in self.dir.iterdir()
                       if (m := CHECKPOINT_RE.match(p.name)) and (p / WEIGHTS).is_file())
 
-    def prepare(self, log=print) -> tuple[int, Path] | None:
+    def prepare(self) -> tuple[int, Path] | None:
         """The latest checkpoint of these settings (None if there is none). Checkpoints of other
         settings are set aside (kept in <name>.aside-<UTC time>), with a log line."""
         saved = _read_json(self.dir / SETTINGS)
@@ -232,10 +235,10 @@ class Checkpoints:
                 changed = [f"finetune.{k}: {before.get(k)!r} -> {after.get(k)!r}"
                            for k in after if before.get(k) != after[k]] + \
                           [k for k in changed if k != "finetune"]
-            aside = set_aside(self.dir, self.dir / SETTINGS, log=lambda line: None)
-            log(f"finetune: the checkpoints in {self.dir} belong to other settings "
-                f"({'; '.join(map(str, changed[:4]))}); kept aside in {aside}, training "
-                f"starts over")
+            aside = set_aside(self.dir, self.dir / SETTINGS)
+            log.info(f"finetune: the checkpoints in {self.dir} belong to other settings "
+                     f"({'; '.join(map(str, changed[:4]))}); kept aside in {aside}, training "
+                     f"starts over")
         if self.write:
             self.dir.mkdir(parents=True, exist_ok=True)
             artifacts.remove_strays(self.dir, ".tmp-*")  # a killed run's half checkpoint
@@ -305,14 +308,18 @@ def _read_json(path: Path):
         return None
 
 
-def set_checkpoints_aside(config, log=print):
+def set_checkpoints_aside(config):
     """`--force` on finetune: its checkpoints move aside (<name>.aside-<UTC time>), so the
     run starts over and nothing is deleted."""
     from pipeline.artifacts import Artifacts
     from pipeline.finetuning.task_model import output_name
 
     folder = Artifacts(config.run_dir).finetune_checkpoints(output_name(config.finetune))
-    return set_aside(folder, folder / SETTINGS, log=log)
+    aside = set_aside(folder, folder / SETTINGS)
+    if aside is not None:
+        log.info(f"--force: the previous checkpoints are kept aside in {aside}; "
+                 f"training starts over")
+    return aside
 
 
 class _Saver(keras.callbacks.Callback):
@@ -368,7 +375,7 @@ def _take(arrays: dict | None, order: np.ndarray):
 
 
 def fit(model, split, fc, total_steps: int, epochs: int, evaluator, callbacks: list,
-        checkpoints: Checkpoints | None = None, log=print) -> int:
+        checkpoints: Checkpoints | None = None) -> int:
     """Trains `model` (compiled) on `split` for `epochs` epochs of `updates_per_epoch` updates,
     at most `total_steps`; `callbacks` (StopAt, the `evaluator`, progress) see every epoch.
     With `checkpoints`: resumes from the latest and writes them (`_Saver`). One `model.fit` per
@@ -377,14 +384,14 @@ def fit(model, split, fc, total_steps: int, epochs: int, evaluator, callbacks: l
     n = len(split)  # a Split in memory, or a records.RecordSplit streamed from TFRecords
     per_epoch = updates_per_epoch(n, fc)
     start, running = 0, None
-    latest = checkpoints.prepare(log) if checkpoints is not None else None
+    latest = checkpoints.prepare() if checkpoints is not None else None
     if latest is not None:
         if not model.built:
             model(_take(split.x, np.arange(1)) if hasattr(split, "x")
                   else next(split.batches(1))[1])
         start, running = checkpoints.restore(model, evaluator, latest[1])
-        log(f"finetune: resuming from {latest[1].name} (step {start} of {total_steps}, epoch "
-            f"{start // per_epoch + 1})")
+        log.info(f"finetune: resuming from {latest[1].name} (step {start} of {total_steps}, epoch "
+                 f"{start // per_epoch + 1})")
     if start >= total_steps:
         return start
     saver = ([_Saver(checkpoints, evaluator, fc, per_epoch, total_steps)]

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 
+import logging
 import mlflow
 import yaml
 
@@ -16,6 +17,8 @@ from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.finetuning.task_model import FinetuneError, output_name
 from pipeline.finetuning.train import fine_tune
+
+log = logging.getLogger(__name__)
 
 
 def parse_grid(items: list[str]) -> dict:
@@ -37,7 +40,7 @@ def _scalar(text: str):
     return yaml.safe_load(text)
 
 
-def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
+def sweep(config: Config, grid: dict | None = None) -> dict:
     """Runs every point of `grid` (default: `finetune.sweep`) as a nested MLflow run, picks the
     best by the validation metric, and writes <run_dir>/finetune/<name>.sweep.json. The points
     are evaluated, not exported; fine-tune the best one with `make finetune ARGS=...`."""
@@ -47,7 +50,7 @@ def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
                             "finetune.sweep='[\"learning_rate=1e-4,3e-4\", \"epochs=2,3\"]'")
     keys = list(grid)
     points = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
-    log(f"sweep: {len(points)} points over {', '.join(keys)}")
+    log.info(f"sweep: {len(points)} points over {', '.join(keys)}")
     results = []
     for i, point in enumerate(points, start=1):
         overrides = [f"finetune.{k}={v}" for k, v in point.items()]
@@ -58,7 +61,7 @@ def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
         raw["finetune"]["sweep"] = []
         point_config = config_lib.from_dict(raw, f"sweep point {' '.join(overrides)}")
         label = " ".join(f"{k}={v}" for k, v in point.items())
-        log(f"sweep: point {i}/{len(points)}: {label}")
+        log.info(f"sweep: point {i}/{len(points)}: {label}")
         parent = mlflow.active_run()
         context = (mlflow.start_run(run_name=f"sweep {i}: {label}", nested=True,
                                     experiment_id=parent.info.experiment_id,
@@ -67,7 +70,7 @@ def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
         with context as child:
             if child is not None:
                 mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
-            result = fine_tune(point_config, log=log, write_outputs=False)
+            result = fine_tune(point_config, write_outputs=False)
             if child is not None:  # the kept epoch's metrics, comparable across the points
                 mlflow.log_metrics({**{f"validation_{k}": v for k, v in
                                        _floats(result["validation"]).items()},
@@ -83,9 +86,9 @@ def sweep(config: Config, grid: dict | None = None, log=print) -> dict:
     summary = {"metric": f"validation_{metric}", "grid": grid, "points": results, "best": best}
     paths = Artifacts(config.run_dir).finetune(output_name(config.finetune))
     artifacts.write_text_atomic(paths.sweep, json.dumps(summary, indent=2, default=float))
-    log(f"sweep: best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: validation "
-        f"{metric} {best['validation'][metric]:.4f}, test {metric} {best['test'][metric]:.4f} "
-        f"({paths.sweep})")
+    log.info(f"sweep: best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: validation "
+             f"{metric} {best['validation'][metric]:.4f}, test {metric} {best['test'][metric]:.4f} "
+             f"({paths.sweep})")
     if mlflow.active_run():
         mlflow.log_metrics({f"best_validation_{metric}": best["validation"][metric],
                             f"best_test_{metric}": best["test"][metric]})

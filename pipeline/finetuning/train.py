@@ -21,6 +21,7 @@ Reads top to bottom:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -45,11 +46,13 @@ from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 from pipeline.training.callbacks import StopAt
 
+log = logging.getLogger(__name__)
+
 
 NOTES_SAMPLE = 2000  # training examples whose features the log's notes describe
 
 
-def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
+def fine_tune(config: Config, write_outputs: bool = True) -> dict:
     """Fine-tunes, evaluates and (if `write_outputs`) writes + logs + registers the model."""
     from pipeline.training import strategy as strategy_lib
 
@@ -57,16 +60,17 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     task = tasks.get(fc.task, fc)
     started = time.time()
     for warning in config_lib.finetune_warnings(config):
-        log(f"finetune: warning: {warning}")
+        log.info(f"finetune: warning: {warning}")
     paths = Artifacts(config.run_dir).finetune(output_name(fc))
     keras.utils.set_random_seed(fc.seed)
 
     # 1. Data.
     data = fd.load_task(fc)
     counts = data.splits["counts"]
-    log(f"finetune: {task.name} on {fc.dataset}{' (' + fc.glue_task + ')' if fc.glue_task else ''}: "
-        f"{counts['train']:,} train / {counts['validation']:,} validation / {counts['test']:,} "
-        f"test examples" + (f", {len(data.labels)} labels" if data.labels else ""))
+    glue_task = f" ({fc.glue_task})" if fc.glue_task else ""
+    log.info(f"finetune: {task.name} on {fc.dataset}{glue_task}: {counts['train']:,} train / "
+             f"{counts['validation']:,} validation / {counts['test']:,} test examples"
+             + (f", {len(data.labels)} labels" if data.labels else ""))
 
     # 2. Encoder, vocab, features.
     model_path, vocab_path = resolve_init(config)
@@ -87,11 +91,11 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     pre = preprocessor.TextPreprocessor(vocab, lowercase, fc.max_seq_length)  # serving's
     # The features of every split: TFRecords written once by a Beam job (the same for the
     # same task settings, vocab and examples: reused), streamed by tf.data from here on.
-    splits = records.write_or_reuse(config, task, data, vocab, vocab_path, lowercase, log)
+    splits = records.write_or_reuse(config, task, data, vocab, vocab_path, lowercase)
     sample = data.train[:NOTES_SAMPLE]  # what the features cut, on a sample in memory
     for note in task.notes(task.make_split(sample, pre, data.labels, data.pair)):
-        log(f"finetune: {note}" + (f" (in the first {len(sample):,} training examples)"
-                                   if len(sample) < len(data.train) else ""))
+        log.info(f"finetune: {note}" + (f" (in the first {len(sample):,} training examples)"
+                                        if len(sample) < len(data.train) else ""))
 
     # 3. Model and optimizer. Seeded again: the Beam job that writes the features (when
     # they are not reused) draws from the global generators, by a varying amount.
@@ -105,10 +109,10 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     with strategy.scope():
         model, encoder = build_trainable(task, backbone, data, fc, total_steps)
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
-    log(f"finetune: {model_path} → {type(encoder).__name__}, {encoder.count_params():,} "
-        f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
-        f"({epochs} epoch(s) of {steps_per_epoch}), {runtime.describe(fc, model)}, "
-        f"lr {fc.learning_rate}")
+    log.info(f"finetune: {model_path} → {type(encoder).__name__}, {encoder.count_params():,} "
+             f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
+             f"({epochs} epoch(s) of {steps_per_epoch}), {runtime.describe(fc, model)}, "
+             f"lr {fc.learning_rate}")
     if mlflow.active_run():
         mlflow.log_params({"finetune.parameters": encoder.count_params(),
                            "finetune.trainable_parameters": trainable,
@@ -121,7 +125,7 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
     checkpoints = (runtime.Checkpoints.for_run(config, data, model_path, vocab_path,
                                                output_name(fc)) if write_outputs else None)
     evaluator = train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
-                                 log, to_mlflow=True, checkpoints=checkpoints)
+                                 to_mlflow=True, checkpoints=checkpoints)
     train_seconds = time.time() - started
 
     # 5. Evaluate: validation, test(s), baselines.
@@ -135,14 +139,14 @@ def fine_tune(config: Config, log=print, write_outputs: bool = True) -> dict:
         results["baselines"] = task.baselines(data, fc.seed)
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
             results["baselines"]["random_init"] = random_init_baseline(
-                task, backbone, splits, data, fc, total_steps, epochs, strategy, log)
+                task, backbone, splits, data, fc, total_steps, epochs, strategy)
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
-    _report(results, data, log)
+    _report(results, data)
 
     if write_outputs:
         write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
-                      lowercase, log)
+                      lowercase)
         results["output_dir"] = str(paths.dir)
         checkpoints.remove()  # the output folder is complete
     return results
@@ -159,39 +163,41 @@ def build_trainable(task, backbone, data, fc, total_steps: int):
 
 
 def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: int,
-                     epochs: int, log=print, to_mlflow: bool = True,
-                     checkpoints=None) -> EpochEvaluator:
+                     epochs: int, to_mlflow: bool = True, checkpoints=None,
+                     label: str = "finetune") -> EpochEvaluator:
     """`model.fit` for `epochs` (at most `total_steps` updates), the validation metric after
     every epoch; the best epoch's weights are put back. Returns the evaluator (history, best).
-    With `checkpoints` (runtime.Checkpoints): resumes from the latest, writes them."""
+    With `checkpoints` (runtime.Checkpoints): resumes from the latest, writes them. `label`
+    begins each progress line."""
     def evaluate_validation():
         return task.evaluate(model, splits["validation"], data, encoder)[0]
 
-    evaluator = EpochEvaluator(evaluate_validation, data.metric, log, to_mlflow=to_mlflow)
+    evaluator = EpochEvaluator(evaluate_validation, data.metric, to_mlflow=to_mlflow,
+                               label=label)
     train = splits["train"]
     steps_per_epoch = runtime.updates_per_epoch(len(train), fc)
     examples_per_update = fc.batch_size * runtime.accumulation(fc)
     runtime.fit(model, train, fc, total_steps, epochs, evaluator,
                 [StopAt(total_steps), evaluator,
-                 Progress(max(10, steps_per_epoch // 4), total_steps, examples_per_update, log)],
-                checkpoints, log)
+                 Progress(max(10, steps_per_epoch // 4), total_steps, examples_per_update,
+                          to_mlflow=to_mlflow, label=label)],
+                checkpoints)
     if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
         model.set_weights(evaluator.best_weights)
-        log(f"finetune: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
-            f"{evaluator.best:.4f})")
+        log.info(f"{label}: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
+                 f"{evaluator.best:.4f})")
     return evaluator
 
 
 def random_init_baseline(task, backbone, splits: dict, data, fc, total_steps: int,
-                         epochs: int, strategy, log=print) -> dict:
+                         epochs: int, strategy) -> dict:
     """Test metrics of the same architecture from random initialisation, fine-tuned with the
     same data, steps, schedule and epoch selection: the gain of pretraining is the difference."""
     keras.utils.set_random_seed(fc.seed + 1)
     with strategy.scope():
         fresh = type(backbone).from_config(backbone.get_config())
         model, encoder = build_trainable(task, fresh, data, fc, total_steps)
-    quiet = lambda line: log(line.replace("finetune:", "finetune (random init):", 1))  # noqa: E731
-    train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs, quiet,
-                     to_mlflow=False)
+    train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
+                     to_mlflow=False, label="finetune (random init)")
     return task.evaluate(model, splits["test"], data, encoder)[0]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 
@@ -53,11 +54,13 @@ from pipeline.finetuning.distillation import (
 from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 
+log = logging.getLogger(__name__)
+
 
 # ---------------------------------------------------------------------------
 # The stage
 # ---------------------------------------------------------------------------
-def run(config: Config, log=print, write_outputs: bool = True) -> dict:
+def run(config: Config, write_outputs: bool = True) -> dict:
     dc = config.distill
     started = time.time()
     teacher_dir = teacher_folder(config)
@@ -88,7 +91,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     task = tasks.get("classification", fc)  # the teacher's task
     # The teacher's features (the same key: its folder is reused), streamed.
     splits = records.write_or_reuse(student_config, task, data, vocab_lib.read_vocab(vocab_path),
-                                    vocab_path, lowercase, log)
+                                    vocab_path, lowercase)
 
     # 2. Teacher and student.
     teacher = models.load_keras(tpaths.model_keras, compile=False)
@@ -123,12 +126,13 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     if fc.max_steps:
         total_steps = min(total_steps, fc.max_steps)
     params = {"teacher": teacher.count_params(), "student": student.count_params()}
-    log(f"distill: teacher {teacher_dir} ({tb.num_layers} layers, hidden {tb.hidden_dim}, "
-        f"{params['teacher']:,} parameters) -> student ({sizes['num_layers']} layers, hidden "
-        f"{sizes['hidden_dim']}, {params['student']:,} parameters, "
-        + (f"initialised from teacher layers {copied}" if copied is not None else "random init")
-        + f"); T={dc.temperature} alpha={dc.alpha} hidden={dc.hidden_loss}"
-        f"{'/' + dc.hidden_match if dc.hidden_loss != 'none' else ''}; {total_steps} steps")
+    log.info(f"distill: teacher {teacher_dir} ({tb.num_layers} layers, hidden {tb.hidden_dim}, "
+             f"{params['teacher']:,} parameters) -> student ({sizes['num_layers']} layers, hidden "
+             f"{sizes['hidden_dim']}, {params['student']:,} parameters, "
+             + (f"initialised from teacher layers {copied}" if copied is not None
+                else "random init")
+             + f"); T={dc.temperature} alpha={dc.alpha} hidden={dc.hidden_loss}"
+             f"{'/' + dc.hidden_match if dc.hidden_loss != 'none' else ''}; {total_steps} steps")
     if mlflow.active_run():
         mlflow.log_params({"distill.teacher_dir": str(teacher_dir),
                            **{f"distill.student.{k}": v for k, v in sizes.items()},
@@ -138,7 +142,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     # 3. Train.
     optimizer = runtime.build_optimizer(fc, total_steps, knobs=False)  # a batch = an update
     distiller = Distiller(teacher, student, dc, optimizer)
-    history = train_student(distiller, splits["train"], fc.batch_size, total_steps, dc.seed, log)
+    history = train_student(distiller, splits["train"], fc.batch_size, total_steps, dc.seed)
     train_seconds = time.time() - started
 
     # 4. Teacher vs student on the same splits and inputs.
@@ -172,10 +176,11 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     results["distillation"] = summary
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
-    log(f"distill: test {metric}: teacher {summary['teacher'][f'test_{metric}']:.4f}, student "
-        f"{summary['student'][f'test_{metric}']:.4f}; parameters {params['teacher']:,} -> "
-        f"{params['student']:,} ({summary['parameter_ratio']:.2f}x); {speed['teacher']:,.0f} -> "
-        f"{speed['student']:,.0f} examples/s ({summary['speedup']:.2f}x)")
+    log.info(f"distill: test {metric}: teacher {summary['teacher'][f'test_{metric}']:.4f}, student "
+             f"{summary['student'][f'test_{metric}']:.4f}; parameters {params['teacher']:,} -> "
+             f"{params['student']:,} ({summary['parameter_ratio']:.2f}x); "
+             f"{speed['teacher']:,.0f} -> {speed['student']:,.0f} examples/s "
+             f"({summary['speedup']:.2f}x)")
     if mlflow.active_run():
         mlflow.log_metrics({
             f"teacher_test_{metric}": summary["teacher"][f"test_{metric}"],
@@ -191,7 +196,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     if write_outputs:
         paths = Artifacts(config.run_dir).distill(name)
         outputs.write_and_log(student_config, paths, student, pre, data, results, predictions,
-                              splits, vocab_path, lowercase, log)
+                              splits, vocab_path, lowercase)
         artifacts.write_text_atomic(paths.distill_json, json.dumps(summary, indent=2,
                                                                    default=float))
         if mlflow.active_run():

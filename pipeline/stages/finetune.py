@@ -12,6 +12,10 @@ from pipeline.config import Config
 from pipeline.finetuning.train import fine_tune
 
 
-def run(config: Config, log=print) -> dict:
+def run(config: Config) -> dict:
     """Fine-tunes `finetune.*` on the pretrained encoder, evaluates, writes and logs the model."""
-    return fine_tune(config, log=log, write_outputs=True)
+    return fine_tune(config, write_outputs=True)
+
+import logging
+
+log = logging.getLogger(__name__)

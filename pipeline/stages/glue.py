@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import itertools
 import json
+import logging
 import os
 import platform
 import sys
@@ -41,8 +42,10 @@ from pipeline.finetuning.task_model import resolve_init
 from pipeline.finetuning.train import fine_tune
 from pipeline.tracking import outbox
 
+log = logging.getLogger(__name__)
 
-def run(config: Config, log=print, tasks="") -> dict:
+
+def run(config: Config, tasks="") -> dict:
     """Runs the GLUE tasks; returns {"output_dir", "glue_score", "tasks": {...}}."""
     fc = config.finetune
     # 1. Tasks (every error here comes before anything trains).
@@ -50,20 +53,20 @@ def run(config: Config, log=print, tasks="") -> dict:
     init_from = str(resolve_init(config)[0])
     grid = parse_grid(fc.sweep)
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
-    log(f"glue: {len(chosen)} task(s) from {fc.glue_dir}: {', '.join(chosen)}; encoder "
-        f"{init_from}; " + (f"{len(points)} points per task ({', '.join(grid)}), the best by "
-                            f"dev score" if grid else f"learning rate {fc.learning_rate}"))
+    log.info(f"glue: {len(chosen)} task(s) from {fc.glue_dir}: {', '.join(chosen)}; encoder "
+             f"{init_from}; " + (f"{len(points)} points per task ({', '.join(grid)}), the best by "
+                                 f"dev score" if grid else f"learning rate {fc.learning_rate}"))
     for task in chosen:
         for path in glue.missing_test_files(fc.glue_dir, task):
-            log(f"glue: warning: {path} is missing: no submission file for {task}")
+            log.warning(f"glue: {path} is missing: no submission file for {task}")
 
     # 2-3. Each task: fine-tuned (or the majority class), its test files predicted.
     records = {}
     for task in chosen:
         with _nested(f"glue {task}", {"pipeline.stage": "glue-task", "glue.task": task}) as child:
-            records[task] = (glue.majority_class(fc.glue_dir, task, log)
+            records[task] = (glue.majority_class(fc.glue_dir, task)
                              if task in glue.MAJORITY_CLASS_TASKS else
-                             _fine_tune_task(config, task, points, log))
+                             _fine_tune_task(config, task, points))
             records[task]["mlflow_run_id"] = child.info.run_id if child else None
             records[task]["init_from"] = init_from
             if child:
@@ -72,7 +75,7 @@ def run(config: Config, log=print, tasks="") -> dict:
                                     for m, v in values.items()})
 
     # 4. Results and submission files, with the tasks of an earlier run on this encoder.
-    earlier = _earlier(config.run_dir, init_from, chosen, log)
+    earlier = _earlier(config.run_dir, init_from, chosen)
     header = {"date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "init_from": init_from,
               "glue_dir": str(fc.glue_dir), "grid": grid, "learning_rate": fc.learning_rate,
               "command": " ".join(["python -m pipeline", *sys.argv[1:]]),
@@ -80,8 +83,9 @@ def run(config: Config, log=print, tasks="") -> dict:
     out = glue.write_outputs(config.run_dir, {**earlier, **records}, header)
     results = json.loads((out / "results.json").read_text())
     for line in glue.table(results["tasks"]):
-        log(f"glue: {line}")
-    log(f"glue: wrote {out}/results.md and {out}/submission/ (zip its files for the GLUE server)")
+        log.info(f"glue: {line}")
+    log.info(f"glue: wrote {out}/results.md and {out}/submission/ "
+             f"(zip its files for the GLUE server)")
     if mlflow.active_run():
         score, paper = results["glue_score"], results["bert_paper_average"]
         outbox.log_metrics({
@@ -99,7 +103,7 @@ def run(config: Config, log=print, tasks="") -> dict:
             "tasks": results["tasks"]}
 
 
-def _fine_tune_task(config: Config, task: str, points: list, log) -> dict:
+def _fine_tune_task(config: Config, task: str, points: list) -> dict:
     """One fine-tuning per point (nested runs when several); the best by dev score predicts
     the test files. Returns the task's record."""
     started, trials = time.time(), []
@@ -111,22 +115,22 @@ def _fine_tune_task(config: Config, task: str, points: list, log) -> dict:
               if len(points) > 1 else contextlib.nullcontext()):
             if point and mlflow.active_run():
                 mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
-            result = fine_tune(task_config, log=log, write_outputs=True)
+            result = fine_tune(task_config, write_outputs=True)
         entries = glue.dev_entries(task, result)
         trials.append({"point": point, "model_dir": result["output_dir"], "entries": entries,
                        "score": glue.task_scores(entries)[task],
                        "steps": result["history"][-1]["step"] if result["history"] else 0,
                        "train_seconds": result["train_seconds"]})
-        log(f"glue: {task} {label or ''} dev score {trials[-1]['score']:.4f}")
+        log.info(f"glue: {task} {label or ''} dev score {trials[-1]['score']:.4f}")
     best = max(trials, key=lambda t: t["score"])
     if len(trials) > 1:
-        log(f"glue: {task}: keeping {best['model_dir']} (dev score {best['score']:.4f})")
+        log.info(f"glue: {task}: keeping {best['model_dir']} (dev score {best['score']:.4f})")
     predictions, predict = {}, None
     for sub, path in glue.test_files(config.finetune.glue_dir, task).items():
         indices, examples = glue.read_test(path, "mnli" if sub == "AX.tsv" else task)
         predict = predict or glue.predictor(best["model_dir"], task)
         predictions[sub] = (indices, predict(examples))
-        log(f"glue: {task}: predicted {len(examples):,} rows of {path} -> {sub}")
+        log.info(f"glue: {task}: predicted {len(examples):,} rows of {path} -> {sub}")
     method = "fine-tuned" + (f", best of {len(trials)} by dev score" if len(trials) > 1 else "")
     return {"method": method, **{k: best[k] for k in ("point", "model_dir", "entries",
                                                       "steps", "train_seconds")},
@@ -144,7 +148,7 @@ def _task_config(config: Config, task: str, name: str, point: dict) -> Config:
     return config_lib.from_dict(raw, f"glue task {task}")
 
 
-def _earlier(run_dir, init_from: str, chosen: list, log) -> dict:
+def _earlier(run_dir, init_from: str, chosen: list) -> dict:
     """Records of an earlier glue run on the same encoder for tasks not run now."""
     try:
         old = json.loads((glue.output_dir(run_dir) / "results.json").read_text())["tasks"]
@@ -153,7 +157,8 @@ def _earlier(run_dir, init_from: str, chosen: list, log) -> dict:
     kept = {t: {**r, "earlier": True} for t, r in old.items()
             if t not in chosen and r.get("init_from") == init_from}
     if kept:
-        log(f"glue: keeping the results of an earlier run for {', '.join(kept)} (same encoder)")
+        log.info(f"glue: keeping the results of an earlier run for {', '.join(kept)} "
+                 f"(same encoder)")
     return kept
 
 

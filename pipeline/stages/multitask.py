@@ -22,6 +22,7 @@ Reads top to bottom:
 
 from __future__ import annotations
 
+import logging
 import time
 
 import keras
@@ -46,11 +47,13 @@ from pipeline.finetuning.multitask import (
 from pipeline.finetuning.task_model import FinetuneError
 from pipeline.text import vocab as vocab_lib
 
+log = logging.getLogger(__name__)
+
 
 # ---------------------------------------------------------------------------
 # The stage
 # ---------------------------------------------------------------------------
-def run(config: Config, log=print, write_outputs: bool = True) -> dict:
+def run(config: Config, write_outputs: bool = True) -> dict:
     from pipeline.training import strategy as strategy_lib
 
     mc, fc = config.multitask, config.finetune
@@ -63,7 +66,7 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     model_path, vocab_path = task_model.resolve_init(config)
     vocab = vocab_lib.read_vocab(vocab_path)
     lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
-    tasks = load_tasks(config, vocab, vocab_path, lowercase, log)
+    tasks = load_tasks(config, vocab, vocab_path, lowercase)
     steps = mc.steps or default_steps(tasks, fc)
     strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
                                          config.train.allow_cpu)
@@ -82,9 +85,9 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
         return backbone
 
     ratios = normalized_ratios([t.spec.sampling_ratio for t in tasks])
-    log(f"multitask: {len(tasks)} tasks on {model_path}, {steps} steps of batch "
-        f"{fc.batch_size}, lr {fc.learning_rate}; batch shares " +
-        ", ".join(f"{t.name} {r:.2f}" for t, r in zip(tasks, ratios)))
+    log.info(f"multitask: {len(tasks)} tasks on {model_path}, {steps} steps of batch "
+             f"{fc.batch_size}, lr {fc.learning_rate}; batch shares " +
+             ", ".join(f"{t.name} {r:.2f}" for t, r in zip(tasks, ratios)))
     if mlflow.active_run():
         mlflow.log_params({"multitask.total_steps": steps, "multitask.init_model": str(model_path),
                            **{f"multitask.{t.name}.weight": t.spec.weight for t in tasks},
@@ -98,13 +101,13 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
     backbone = fresh_backbone()
     with strategy.scope():
         build_models(tasks, backbone, fc, steps)
-    trained = train_mixed(tasks, steps, fc.batch_size, fc.seed, log)
+    trained = train_mixed(tasks, steps, fc.batch_size, fc.seed)
     results = {"steps": steps, "batches": trained["batches"],
                "sampling_shares": {t.name: r for t, r in zip(tasks, ratios)},
                "weights": {t.name: t.spec.weight for t in tasks},
                "multitask": evaluate_tasks(tasks)}
-    log("multitask: batches per task " + ", ".join(f"{n} {c}" for n, c in
-                                                   trained["batches"].items()))
+    log.info("multitask: batches per task " + ", ".join(f"{n} {c}" for n, c in
+                                                        trained["batches"].items()))
     if mlflow.active_run():
         _log_task_metrics(results["multitask"])
         mlflow.log_metrics({f"{n}.batches": c for n, c in trained["batches"].items()})
@@ -114,19 +117,19 @@ def run(config: Config, log=print, write_outputs: bool = True) -> dict:
         results["single_task"] = {}
         for task in tasks:
             results["single_task"][task.name] = single_task_baseline(
-                config, task, fresh_backbone, steps, strategy, log)
+                config, task, fresh_backbone, steps, strategy)
         results["comparison"] = comparison(results, tasks)
-        log("multitask: comparison (test)\n" + comparison_markdown(results["comparison"]))
+        log.info("multitask: comparison (test)\n" + comparison_markdown(results["comparison"]))
         if mlflow.active_run():
             mlflow.log_metrics({f"{row['task']}.delta_test_{row['metric']}": row["delta"]
                                 for row in results["comparison"]})
     for name, result in results["multitask"].items():
         metric = result["metric"]
-        log(f"multitask: {name} test {metric} {result['test'][metric]:.4f} (multi-task)")
+        log.info(f"multitask: {name} test {metric} {result['test'][metric]:.4f} (multi-task)")
     results["seconds"] = round(time.time() - started, 1)
 
     if write_outputs:
         paths = Artifacts(config.run_dir).multitask(mc.name)
-        write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path, log)
+        write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path)
         results["output_dir"] = str(paths.dir)
     return results

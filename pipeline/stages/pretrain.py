@@ -38,6 +38,7 @@ import gc
 import json
 
 import keras
+import logging
 import mlflow
 
 from pipeline import artifacts
@@ -56,8 +57,10 @@ from pipeline.training.pretrainer import PretrainError
 from pipeline.training.records import check_inputs
 from pipeline.training.review import review_plots
 
+log = logging.getLogger(__name__)
 
-def run(config: Config, log=print) -> dict:
+
+def run(config: Config) -> dict:
     """Trains every phase in turn (one without data.phases), then evaluates the final model on
     held-out data and exports it. With data.phases, each phase starts from the previous one's
     final weights with a fresh optimizer and schedule, and is its own MLflow run under the
@@ -83,9 +86,9 @@ def run(config: Config, log=print) -> dict:
     peak = 0.0
     if tc.peak_flops_seconds:
         peak = measure_peak_flops(tc.peak_flops_seconds, PEAK_DTYPES[tc.precision])
-        log(f"pretrain: peak {peak / 1e9:,.0f} GFLOP/s per replica "
-            f"({tc.precision.replace('mixed_', '')} matmul, {tc.peak_flops_seconds:g} s, "
-            f"oneDNN {'on' if onednn_enabled() else 'off'})")
+        log.info(f"pretrain: peak {peak / 1e9:,.0f} GFLOP/s per replica "
+                 f"({tc.precision.replace('mixed_', '')} matmul, {tc.peak_flops_seconds:g} s, "
+                 f"oneDNN {'on' if onednn_enabled() else 'off'})")
         peak *= strategy.num_replicas_in_sync
 
     previous = None  # where the next phase starts from: weights (a list), or a checkpoint path
@@ -94,8 +97,8 @@ def run(config: Config, log=print) -> dict:
         found = latest_checkpoint(phase.checkpoint_dir)
         steps = phase.config.train.steps
         if not final and found and found[0] >= steps:
-            log(f"{phase.prefix}: already trained ({found[1].name}, step {found[0]} of {steps}); "
-                f"going on to phase{phase.index + 1}")
+            log.info(f"{phase.prefix}: already trained ({found[1].name}, step {found[0]} of "
+                     f"{steps}); going on to phase{phase.index + 1}")
             previous = found[1]
             continue
         trains = not found or found[0] < steps
@@ -114,10 +117,10 @@ def run(config: Config, log=print) -> dict:
                                               run_of_phase.info.run_id)
             if phase.index:
                 keras.utils.set_random_seed(tc.seed + phase.index - 1)
-                log(f"{phase.prefix}: {phase.shape} (max_seq_length/max_predictions_per_seq) "
-                    f"from {phase.data_dir}, {steps} steps")
+                log.info(f"{phase.prefix}: {phase.shape} (max_seq_length/max_predictions_per_seq) "
+                         f"from {phase.data_dir}, {steps} steps")
             outcome = train_phase(phase, paths, strategy, vocabulary_size, peak, chief,
-                                  config_yaml, found, previous, log)
+                                  config_yaml, found, previous)
         if not final:  # keep only the weights: the model and its optimizer state are freed
             previous = outcome.pop("model").get_weights()
             outcome = None
@@ -147,7 +150,7 @@ def run(config: Config, log=print) -> dict:
                 name = config.tracking.encoder_name or f"bert-encoder-{paths.root.name}"
                 outbox.deferred("pipeline.serving.mlflow_model:register_encoder",
                                 [str(paths.model_keras), str(paths.vocab_file), name])
-            review_plots(model, config, paths, history, log)
+            review_plots(model, config, paths, history)
     return {"parameters": outcome["parameters"], "start_step": outcome["start_step"],
             "weights_sha256": digest, "history": history,
             "phases": len(phases) if config.data.phases else 0, **results}

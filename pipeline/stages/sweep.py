@@ -11,6 +11,10 @@ from pipeline.config import Config
 from pipeline.finetuning.sweep import sweep
 
 
-def run(config: Config, log=print) -> dict:
+def run(config: Config) -> dict:
     """Runs every point of `finetune.sweep`; returns {"points": [...], "best": ..., "metric"}."""
-    return sweep(config, log=log)
+    return sweep(config)
+
+import logging
+
+log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ starts is a one-line error (exit 2) naming it, before any work.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ from pathlib import Path
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+
+log = logging.getLogger(__name__)
 
 # After a failed call, this long passes before the store is tried again (calls in between
 # go straight to the outbox: a training step never waits on a dead server twice);
@@ -54,7 +57,6 @@ class _State:
     down_until: float = 0.0
     pending: int = 0
     warned: bool = False
-    log = staticmethod(print)
 
 
 _state = _State()
@@ -66,13 +68,13 @@ def set_http_patience() -> None:
         os.environ.setdefault(key, value)
 
 
-def configure(outbox_file: str | os.PathLike | None, log=print,
+def configure(outbox_file: str | os.PathLike | None,
               retry_seconds: float = RETRY_SECONDS) -> int:
     """Keeps calls that cannot reach the store in `outbox_file` (None: none kept, calls go
     straight to mlflow). Returns the number of calls already waiting there."""
     _state.path = Path(outbox_file) if outbox_file else None
     _state.retry_seconds = retry_seconds
-    _state.down_until, _state.warned, _state.log = 0.0, False, log
+    _state.down_until, _state.warned = 0.0, False
     _state.pending = len(_read(_state.path)) if _state.path else 0
     return _state.pending
 
@@ -227,7 +229,7 @@ def _send(entry: dict) -> None:
     elif op == "artifact":
         path = Path(entry["path"])
         if not path.exists():
-            _state.log(f"warning: tracking: {path} is gone; its upload to run {run_id} is dropped")
+            log.warning(f"tracking: {path} is gone; its upload to run {run_id} is dropped")
         elif path.is_dir():
             client.log_artifacts(run_id, str(path), entry["artifact_path"])
         else:
@@ -255,10 +257,10 @@ def _went_down(err: BaseException) -> None:
     if not _state.warned:
         _state.warned = True
         reason = str(err).splitlines()[0][:200]
-        _state.log(f"warning: the tracking store {mlflow.get_tracking_uri()} does not answer "
-                   f"({reason}); training goes on, and what it logs is kept in {_state.path} "
-                   f"and sent when the store answers again (or: python -m pipeline "
-                   f"tracking-sync --config ...)")
+        log.warning(f"the tracking store {mlflow.get_tracking_uri()} does not answer "
+                    f"({reason}); training goes on, and what it logs is kept in {_state.path} "
+                    f"and sent when the store answers again (or: python -m pipeline "
+                    f"tracking-sync --config ...)")
 
 
 def _read(path: Path | None) -> list[dict]:
@@ -300,16 +302,16 @@ def flush() -> tuple[int, int]:
                 _went_down(err)
                 _rewrite(path, entries[index:])
                 return sent, len(entries) - index
-            _state.log(f"warning: tracking: the store refused a kept {entry['op']} for run "
-                       f"{entry['run_id']} ({str(err).splitlines()[0][:200]}); moved to "
-                       f"{path.with_suffix('.rejected.jsonl')}")
+            log.warning(f"tracking: the store refused a kept {entry['op']} for run "
+                        f"{entry['run_id']} ({str(err).splitlines()[0][:200]}); moved to "
+                        f"{path.with_suffix('.rejected.jsonl')}")
             with open(path.with_suffix(".rejected.jsonl"), "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry) + "\n")
     if path is not None and path.exists():
         path.unlink()
     if _state.warned and sent:  # the next outage gets its own warning
-        _state.log(f"tracking: the store {mlflow.get_tracking_uri()} answers again; sent the "
-                   f"{sent} calls kept meanwhile")
+        log.info(f"tracking: the store {mlflow.get_tracking_uri()} answers again; sent the "
+                 f"{sent} calls kept meanwhile")
     _state.pending, _state.down_until, _state.warned = 0, 0.0, False
     restart_system_metrics()
     return sent, 0

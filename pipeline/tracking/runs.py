@@ -30,6 +30,8 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.tracking import outbox
 
+log = logging.getLogger(__name__)
+
 
 def flat_metrics(stats: dict, prefix: str) -> dict:
     """Numbers of a stats dict as MLflow metrics: nested dicts flattened with ".", settings,
@@ -164,14 +166,14 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
     _remember(paths, "pipeline", run.info.run_id)
     # From here on what the stages log survives the store going away (kept in the run dir).
     kept = outbox.configure(artifacts.Artifacts(config.run_dir).tracking_outbox,
-                            logging.getLogger("pipeline").info, config.tracking.retry_seconds)
+                            config.tracking.retry_seconds)
     try:
         with _ending(run):
             mlflow.log_params(config_lib.to_flat_dict(config))
             mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
             if kept:  # calls an earlier invocation on this run dir could not send
                 sent, left = outbox.flush()
-                logging.getLogger("pipeline").info(
+                log.info(
                     f"tracking: sent {sent} MLflow calls an earlier run kept while the store was "
                     f"down" + (f" ({left} still kept)" if left else ""))
             yield run
@@ -380,7 +382,7 @@ CHAMPION = "champion"
 
 
 def promote_if_better(model_name: str, version: str, metric: str, value: float,
-                      test_split: str, higher_is_better: bool = True, log=print) -> bool:
+                      test_split: str, higher_is_better: bool = True) -> bool:
     """Gives `version` the champion alias if its `metric` on `test_split` beats the holder's.
 
     The comparison is only made on the same test split (an id such as the hash of the
@@ -414,8 +416,8 @@ def promote_if_better(model_name: str, version: str, metric: str, value: float,
     if mlflow.active_run():
         mlflow.set_tags({"registry.model": model_name, "registry.version": str(version),
                          "registry.promoted": str(promote), "registry.decision": reason})
-    log(f"registry: {model_name} v{version}: {'promoted to' if promote else 'not'} "
-        f"{CHAMPION} ({reason})")
+    log.info(f"registry: {model_name} v{version}: {'promoted to' if promote else 'not'} "
+             f"{CHAMPION} ({reason})")
     return promote
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import time
@@ -24,6 +25,8 @@ from pipeline.training.checkpoints import (
     seed_states,
     seeds_file,
 )
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------
@@ -73,13 +76,13 @@ class StepLogger(keras.callbacks.Callback):
     """
 
     def __init__(self, every: int, total_steps: int, batch_size: int, seq_length: int,
-                 log=print, to_mlflow: bool = True, examples_per_update: int | None = None,
+                 to_mlflow: bool = True, examples_per_update: int | None = None,
                  flops_per_token: float = 0.0, peak_flops: float = 0.0):
         super().__init__()
         self.every, self.total, self.batch_size, self.seq_length = every, total_steps, batch_size, seq_length
         self.examples_per_update = examples_per_update or batch_size
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
-        self.log, self.to_mlflow = log, to_mlflow
+        self.to_mlflow = to_mlflow
         self.last_time, self.last_step = None, None
         self.history = []
         self.bar, self.began = None, (0.0, 0)
@@ -87,7 +90,7 @@ class StepLogger(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.last_time, self.last_step = time.time(), global_step(self.model)
         self.began = (self.last_time, self.last_step)
-        self.bar = log_lib.Bar(self.total, self.last_step, "train", self.log)
+        self.bar = log_lib.Bar(self.total, self.last_step, "train")
 
     def on_train_end(self, logs=None):
         if self.bar is not None:
@@ -123,7 +126,7 @@ class StepLogger(keras.callbacks.Callback):
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
         # no NSP accuracy without the NSP loss (train.nsp_weight 0, data.objective: mlm)
         nsp = f"nsp_acc {metrics['nsp_accuracy']:.3f}  " if "nsp_accuracy" in metrics else ""
-        (self.bar.line if self.bar is not None else self.log)(
+        (self.bar.line if self.bar is not None else log.info)(
                  f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
                  f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
                  f"lr {metrics['learning_rate']:.2e}  "
@@ -253,7 +256,7 @@ class HeldOutProbe(keras.callbacks.Callback):
     the probes themselves. `curve` keeps (step, seconds, accuracy).
     """
 
-    def __init__(self, batches: list, every: int, total_steps: int, log=print,
+    def __init__(self, batches: list, every: int, total_steps: int,
                  to_mlflow: bool = True, levels=ACCURACY_LEVELS, seconds_before: float = 0.0,
                  prefix: str = "pretrain", at_start: bool = False):
         super().__init__()
@@ -261,7 +264,7 @@ class HeldOutProbe(keras.callbacks.Callback):
         # step 0: what an imported checkpoint already knows about this corpus.
         self.at_start = at_start
         self.batches, self.every, self.total = batches, every, total_steps
-        self.log, self.to_mlflow, self.levels, self.prefix = log, to_mlflow, levels, prefix
+        self.to_mlflow, self.levels, self.prefix = to_mlflow, levels, prefix
         self.seconds_before = seconds_before
         self.start, self.probe_seconds, self.last_step = None, 0.0, None
         self.reached: dict[float, float] = {}
@@ -275,7 +278,7 @@ class HeldOutProbe(keras.callbacks.Callback):
         self.last_step = global_step(self.model)
         if self.at_start and self.last_step == 0 and not self.curve:
             accuracy = self.probe(0)
-            self.log(f"{self.prefix}: held-out MLM accuracy before the first update (step 0): "
+            log.info(f"{self.prefix}: held-out MLM accuracy before the first update (step 0): "
                      f"{accuracy:.4f}")
 
     def on_train_batch_end(self, batch, logs=None):
@@ -300,7 +303,7 @@ class HeldOutProbe(keras.callbacks.Callback):
             if accuracy >= level and level not in self.reached:
                 self.reached[level] = seconds
                 metrics[f"time_to_mlm_acc_{level:g}"] = seconds
-                self.log(f"{self.prefix}: held-out MLM accuracy reached {level:g} at step {step}, "
+                log.info(f"{self.prefix}: held-out MLM accuracy reached {level:g} at step {step}, "
                          f"{seconds:,.0f} s of training")
         if self.to_mlflow:
             outbox.log_metrics(metrics, step=step)

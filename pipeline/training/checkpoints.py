@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ import keras
 import numpy as np
 
 from models import keras_compat
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_RE = re.compile(r"ckpt-(\d{8})\.weights\.h5$")
 
@@ -105,18 +108,18 @@ def weights_digest(model) -> str:
 
 
 
-def start_from_previous_phase(model, previous, log=print, prefix: str = "pretrain") -> None:
+def start_from_previous_phase(model, previous, prefix: str = "pretrain") -> None:
     """Copies the model weights (not the optimizer state) of the previous phase into `model`:
     the weights of the model trained in this process (a list of arrays), or those of the
     phase's final checkpoint (a path)."""
     if isinstance(previous, Path):
         keras_compat.load_weights_skipping(model, previous, skip=[model.optimizer])
-        log(f"{prefix}: starting from the previous phase's {previous.parent.name}/{previous.name} "
-            f"(fresh optimizer and schedule)")
+        log.info(f"{prefix}: starting from the previous phase's "
+                 f"{previous.parent.name}/{previous.name} (fresh optimizer and schedule)")
     else:
         model.set_weights(previous)
-        log(f"{prefix}: starting from the previous phase's final weights (fresh optimizer and "
-            f"schedule)")
+        log.info(f"{prefix}: starting from the previous phase's final weights (fresh optimizer and "
+                 f"schedule)")
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +160,7 @@ def settings_changes(saved: dict, current: dict, defaults: dict) -> list[str]:
             if before.get(key) != after[key]]
 
 
-def set_aside(checkpoint_dir: Path, config_file: Path, log=print) -> Path | None:
+def set_aside(checkpoint_dir: Path, config_file: Path) -> Path | None:
     """Moves a training's checkpoints (with the settings they were trained with) into a new
     folder beside them, `checkpoints.aside-<UTC time>`, so that the next run starts from
     scratch and nothing is deleted; returns that folder (None when there was nothing to move).
@@ -176,5 +179,4 @@ def set_aside(checkpoint_dir: Path, config_file: Path, log=print) -> Path | None
     os.replace(checkpoint_dir, aside / checkpoint_dir.name)
     if config_file.exists():
         shutil.copyfile(config_file, aside / config_file.name)
-    log(f"--force: the previous checkpoints are kept aside in {aside}; training starts over")
     return aside

@@ -5,6 +5,7 @@ checkpoint callbacks, then evaluate.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -51,16 +52,18 @@ from pipeline.training.pretrainer import (
 )
 from pipeline.training.records import heldout_data, training_data
 
+log = logging.getLogger(__name__)
+
 
 def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, peak: float,
-                chief: bool, config_yaml: str, found, previous, log=print) -> dict:
+                chief: bool, config_yaml: str, found, previous) -> dict:
     """Trains one phase to its train.steps (resuming from `found`, its latest checkpoint;
     else starting from `previous`, the previous phase's model or checkpoint; else from
     model.init_from or random weights), then evaluates it on its held-out records."""
     config, prefix = phase.config, phase.prefix
     tc, dc = config.train, config.data
     new_weights = None  # the variables model.init_from did not hold (None: not imported)
-    train_data = training_data(config, paths, found[0] if found else 0, log=log,
+    train_data = training_data(config, paths, found[0] if found else 0,
                                data_dir=phase.data_dir, prefix=prefix)
     eval_data = heldout_data(config, paths, phase.data_dir).map(
         normalize_mlm_weights).with_options(strategy_lib.shard_options("data"))
@@ -75,22 +78,22 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         if found:
             model.load_weights(str(found[1]))
             restore_seed_states(model, found[1])  # dropout goes on with the masks it would draw
-            log(f"{prefix}: resuming from {found[1].name} (step {global_step(model)})")
+            log.info(f"{prefix}: resuming from {found[1].name} (step {global_step(model)})")
         elif previous is not None:
-            start_from_previous_phase(model, previous, log, prefix)
+            start_from_previous_phase(model, previous, prefix)
         elif config.model.init_from:
-            new_weights = init_from_checkpoint(model, config, paths.vocab_file, log=log)
+            new_weights = init_from_checkpoint(model, config, paths.vocab_file)
     start_step = global_step(model)
     params = model.count_params()
     per_token = flops_per_token(config, vocabulary_size)
     arch = config_lib.model_architecture(config)
-    log(f"{prefix}: BERT {arch['num_layers']} layers × {arch['hidden_dim']} "
-        f"({arch['num_heads']} heads), {params:,} parameters, "
-        f"{strategy.num_replicas_in_sync} replica(s) under {type(strategy).__name__} "
-        f"({strategy_lib.worker_name()}), batch {tc.batch_size}"
-        + (f" × {tc.grad_accum_steps} accumulated" if tc.grad_accum_steps > 1 else "")
-        + f", {tc.precision}, XLA {'on' if model.jit_compile else 'off'}, "
-        f"{per_token / 1e6:,.1f} MFLOP per token")
+    log.info(f"{prefix}: BERT {arch['num_layers']} layers × {arch['hidden_dim']} "
+             f"({arch['num_heads']} heads), {params:,} parameters, "
+             f"{strategy.num_replicas_in_sync} replica(s) under {type(strategy).__name__} "
+             f"({strategy_lib.worker_name()}), batch {tc.batch_size}"
+             + (f" × {tc.grad_accum_steps} accumulated" if tc.grad_accum_steps > 1 else "")
+             + f", {tc.precision}, XLA {'on' if model.jit_compile else 'off'}, "
+             f"{per_token / 1e6:,.1f} MFLOP per token")
     if chief and mlflow.active_run():
         # tracking.log_params: a resumed run keeps its params (a change is recorded as a tag).
         tracking.log_params({"model.parameters": params,
@@ -113,14 +116,14 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     seconds_before = checkpoint_seconds(found[1]) if found else 0.0
     if tc.heldout_every:
         sample = eval_data.take(tc.heldout_batches) if tc.heldout_batches else eval_data
-        probe = HeldOutProbe(list(sample), tc.heldout_every, tc.steps, log=log, to_mlflow=chief,
+        probe = HeldOutProbe(list(sample), tc.heldout_every, tc.steps, to_mlflow=chief,
                              seconds_before=seconds_before, prefix=prefix,
                              at_start=new_weights is not None)
     started = time.time()
     clock = probe.train_seconds if probe else (lambda: seconds_before + time.time() - started)
     stop = StopAt(tc.steps, tc.max_seconds, clock)
     out_of_time = bool(tc.max_seconds) and seconds_before >= tc.max_seconds
-    logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length, log=log,
+    logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length,
                         to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
                         flops_per_token=per_token, peak_flops=peak)
     guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
@@ -128,8 +131,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     budget = ([ScheduleClock(schedule, clock)]
               if schedule is not None and schedule.seconds is not None else [])
     if out_of_time:
-        log(f"{prefix}: already trained {seconds_before:,.0f} s, train.max_seconds = "
-            f"{tc.max_seconds:g}: not training further")
+        log.info(f"{prefix}: already trained {seconds_before:,.0f} s, train.max_seconds = "
+                 f"{tc.max_seconds:g}: not training further")
     if start_step < tc.steps and not out_of_time:
         if chief:  # the settings the checkpoints will belong to (records.check_inputs)
             artifacts.write_text_atomic(paths.checkpoint_dir / "config.yaml", config_yaml)
@@ -163,11 +166,11 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                 f"(now {tc.clipnorm:g}; 1.0 is BERT's), or change train.precision (now "
                 f"{tc.precision}; mixed_float16 overflows most easily, float32 least)")
         if stop.stopped_early:
-            log(f"{prefix}: stopped at step {global_step(model)} after {clock():,.0f} s of "
-                f"training (train.max_seconds = {tc.max_seconds:g}); evaluating and exporting")
+            log.info(f"{prefix}: stopped at step {global_step(model)} after {clock():,.0f} s of "
+                     f"training (train.max_seconds = {tc.max_seconds:g}); evaluating and exporting")
     elif not out_of_time:
-        log(f"{prefix}: already trained to step {start_step} (train.steps = {tc.steps}); "
-            f"evaluating and exporting")
+        log.info(f"{prefix}: already trained to step {start_step} (train.steps = {tc.steps}); "
+                 f"evaluating and exporting")
 
     # Held-out evaluation.
     with warnings.catch_warnings():  # a finite held-out set ends with an "out of data" warning
@@ -181,11 +184,11 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     results["step"] = global_step(model)
     nsp = (f"{results['eval_nsp_accuracy']:.4f}" if "eval_nsp_accuracy" in results
            else "n/a (no NSP loss)")
-    log(f"{prefix}: held-out MLM accuracy {results.get('eval_mlm_accuracy', float('nan')):.4f}, "
-        f"NSP accuracy {nsp}, "
-        f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
+    log.info(f"{prefix}: held-out MLM accuracy "
+             f"{results.get('eval_mlm_accuracy', float('nan')):.4f}, NSP accuracy {nsp}, "
+             f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
     digest = weights_digest(model)
-    log(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
+    log.info(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
     if chief and phase.index and mlflow.active_run():
         outbox.set_tags({"pretrain.weights_sha256": digest})
         outbox.log_metrics({k: v for k, v in results.items() if k != "step"},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import logging
 import mlflow
 
 from pipeline import config as config_lib
@@ -14,6 +15,8 @@ from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.tracking import runs as tracking
 from pipeline.training.checkpoints import CHECKPOINT_RE, set_aside
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -68,12 +71,16 @@ def resumable_run_id(config: Config) -> str:
     return tracking.read_run_file(paths.pretrain_run_file)
 
 
-def set_checkpoints_aside(config: Config, log=print):
+def set_checkpoints_aside(config: Config):
     """`--force` on pretrain: the run's checkpoints (every phase's) and its saved config move
     into pretrain/checkpoints.aside-<UTC time>, so training starts from scratch (a new MLflow
     run, too) and nothing is deleted."""
     paths = Artifacts(config.run_dir)
-    return set_aside(paths.checkpoint_dir, paths.pretrain_config, log=log)
+    aside = set_aside(paths.checkpoint_dir, paths.pretrain_config)
+    if aside is not None:
+        log.info(f"--force: the previous checkpoints are kept aside in {aside}; "
+                 f"training starts over")
+    return aside
 
 
 def phase_run(phase: Phase, stage_run, resume: bool):

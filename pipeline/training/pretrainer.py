@@ -13,6 +13,7 @@ step is compiled (the step itself is `models.BertPretrainer.train_step`) and its
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from models.optimizers import Lamb
 from models.schedules import WarmupPolynomialDecay
 from pipeline import config as config_lib
 from pipeline.config import Config
+
+log = logging.getLogger(__name__)
 
 
 class PretrainError(ValueError):
@@ -232,7 +235,7 @@ CONFIG_KEY_OF = {
 }
 
 
-def init_from_checkpoint(model, config: Config, vocab_file: Path, log=print) -> list:
+def init_from_checkpoint(model, config: Config, vocab_file: Path) -> list:
     """Copies the weights of `config.model.init_from` into `model` (built from the config).
 
     The checkpoint (a .keras file, a Hugging Face or a Google directory; see
@@ -275,9 +278,9 @@ def init_from_checkpoint(model, config: Config, vocab_file: Path, log=print) -> 
                     f"must be tokenized with the checkpoint's vocab.txt")
     convert.assign_weights(model, convert.keras_weights(imported.model), source=source)
     new = list(imported.missing)
-    log(f"pretrain: initialised from {source} ({len(model.weights) - len(new)} of "
-        f"{len(model.weights)} variables)")
+    log.info(f"pretrain: initialised from {source} ({len(model.weights) - len(new)} of "
+             f"{len(model.weights)} variables)")
     if new:
-        log(f"pretrain: {source} has no pretraining heads; new, randomly initialised: "
-            f"{', '.join(new)} (the MLM decoder is tied to the imported token embeddings)")
+        log.info(f"pretrain: {source} has no pretraining heads; new, randomly initialised: "
+                 f"{', '.join(new)} (the MLM decoder is tied to the imported token embeddings)")
     return new

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import logging
 import tensorflow as tf
 import yaml
 
@@ -19,6 +20,8 @@ from pipeline.config import Config
 from pipeline.training import checkpoints, inputs
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.pretrainer import PretrainError, normalize_mlm_weights
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------
@@ -86,7 +89,7 @@ def masking_args(config: Config, paths: Artifacts, training: bool = False) -> di
         max_predictions_per_seq=predictions)}
 
 
-def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
+def training_data(config: Config, paths: Artifacts, start_step: int,
                   data_dir: Path | None = None, prefix: str = "pretrain"):
     """The repeated, shuffled training batches, positioned after `start_step` updates.
 
@@ -105,7 +108,7 @@ def training_data(config: Config, paths: Artifacts, start_step: int, log=print,
         shuffle_buffer=tc.shuffle_buffer, **masking_args(config, paths, training=True))
     consumed = start_step * tc.grad_accum_steps
     if consumed and not reseed and start_step < tc.steps:
-        log(f"{prefix}: skipping the {consumed:,} batches consumed before step {start_step}")
+        log.info(f"{prefix}: skipping the {consumed:,} batches consumed before step {start_step}")
         data = data.skip(consumed)
     data = data.map(normalize_mlm_weights, num_parallel_calls=tf.data.AUTOTUNE)
     files = len(tf.io.gfile.glob(pattern))

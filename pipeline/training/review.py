@@ -4,12 +4,16 @@ fixed probe sentences.
 
 from __future__ import annotations
 
+import logging
+
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.tracking import outbox
 
+log = logging.getLogger(__name__)
 
-def review_plots(model, config: Config, paths: Artifacts, history: list, log=print) -> None:
+
+def review_plots(model, config: Config, paths: Artifacts, history: list) -> None:
     """Images for reviewers in the MLflow UI: the loss curves of this run and attention maps of
     a few fixed probe sentences. A plotting failure is reported, never fatal to a finished run."""
     try:
@@ -38,4 +42,4 @@ def review_plots(model, config: Config, paths: Artifacts, history: list, log=pri
                                    lowercase=config.vocab.lowercase)
         outbox.log_artifact(out_dir, "plots/attention")
     except Exception as err:  # noqa: BLE001 - the model is already saved; plots are extras
-        log(f"pretrain: could not draw the review plots: {err!r}")
+        log.info(f"pretrain: could not draw the review plots: {err!r}")
