@@ -44,8 +44,7 @@ def fit_blocks(config, vocabulary_size, batches, updates):
     pretrainer.compile_model(model, optimizer, tc.jit_compile, tc.steps_per_execution,
                              nsp_weight=pretrainer.nsp_weight(config))
     optimizer.build(model.trainable_variables)
-    logger = callbacks.StepLogger(tc.log_every, updates, tc.batch_size, SEQ, log=lambda line: None,
-                                  to_mlflow=False,
+    logger = callbacks.StepLogger(tc.log_every, updates, tc.batch_size, SEQ, to_mlflow=False,
                                   examples_per_update=tc.batch_size * tc.grad_accum_steps)
     model.fit(batches.repeat(), steps_per_epoch=updates * tc.grad_accum_steps, epochs=1,
               callbacks=[logger], shuffle=False, verbose=0)
@@ -162,7 +161,7 @@ def test_non_finite_loss_stops_without_overwriting_the_last_checkpoint(tmp_path,
                          "train.warmup_steps=0", "train.clipnorm=0")
     revive = die_after_checkpoint(monkeypatch, lambda ckpt: checkpoints.global_step(ckpt.model) == 2)
     with pytest.raises(Killed):
-        pretrain.run(config, log=lambda line: None)
+        pretrain.run(config)
     revive()
     assert checkpoints.latest_checkpoint(paths.checkpoint_dir)[0] == 2
     before = (paths.checkpoint_dir / "ckpt-00000002.weights.h5").read_bytes()
@@ -172,7 +171,7 @@ def test_non_finite_loss_stops_without_overwriting_the_last_checkpoint(tmp_path,
     absurd = dataclasses.replace(config.train, learning_rate=1.0e38)
     monkeypatch.setattr(loop, "build_optimizer", lambda tc: build(absurd))
     with pytest.raises(pretrainer.PretrainError) as err:
-        pretrain.run(config, log=lambda line: None)
+        pretrain.run(config)
     message = str(err.value)
     assert "training stopped at step" in message and "not finite" in message
     for knob in ("train.learning_rate", "train.clipnorm", "train.precision"):

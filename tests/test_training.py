@@ -13,6 +13,7 @@ test_pretrain_phases, test_distributed).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def die_after_checkpoint(monkeypatch, when):
 
 
 @pytest.mark.parametrize("dropout", ["0", "0.1"])
-def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch, dropout):
+def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch, caplog, dropout):
     """6 steps straight vs 3 steps, killed, resumed for 3: the same batches, losses and final
     weights; with dropout too (its random state is kept beside each checkpoint)."""
     no_export(monkeypatch)
@@ -116,14 +117,16 @@ def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch, drop
     write_pretraining_data(tmp_path / "killed")
     args = ["train.steps=6", "train.checkpoint_every=3", "train.warmup_steps=2",
             f"model.dropout={dropout}"]
-    straight = pretrain.run(tiny_config(tmp_path / "straight", *args), log=lambda line: None)
+    straight = pretrain.run(tiny_config(tmp_path / "straight", *args))
 
     revive = die_after_checkpoint(monkeypatch, lambda ckpt: checkpoints.global_step(ckpt.model) == 3)
     with pytest.raises(Killed):
-        pretrain.run(tiny_config(tmp_path / "killed", *args), log=lambda line: None)
+        pretrain.run(tiny_config(tmp_path / "killed", *args))
     revive()
-    lines = []
-    resumed = pretrain.run(tiny_config(tmp_path / "killed", *args), log=lines.append)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    caplog.clear()
+    resumed = pretrain.run(tiny_config(tmp_path / "killed", *args))
+    lines = caplog.messages
 
     assert resumed["start_step"] == 3 and resumed["step"] == 6
     assert any("skipping the 3 batches consumed before step 3" in line for line in lines)
@@ -167,7 +170,7 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(models.BertPretrainer, "fit", out_of_memory)
     with pytest.raises(pretrainer.PretrainError) as err:
-        pretrain.run(tiny_config(tmp_path / "run"), log=lambda line: None)
+        pretrain.run(tiny_config(tmp_path / "run"))
     message = str(err.value)
     assert message.startswith("out of memory")
     for knob in ("train.batch_size=4 train.grad_accum_steps=2", "train.precision=mixed_bfloat16",
@@ -175,13 +178,14 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
         assert knob in message
 
 
-def test_stage_logs_throughput_grad_norm_and_mfu(tmp_path, monkeypatch):
+def test_stage_logs_throughput_grad_norm_and_mfu(tmp_path, monkeypatch, caplog):
     no_export(monkeypatch)
     write_pretraining_data(tmp_path / "run")
-    lines = []
+    caplog.set_level(logging.INFO, logger="pipeline")
     result = pretrain.run(tiny_config(tmp_path / "run", "train.steps=2", "train.warmup_steps=1",
                                       "train.grad_accum_steps=2", "train.peak_flops_seconds=0.2",
-                                      "train.optimizer=lamb"), log=lines.append)
+                                      "train.optimizer=lamb"))
+    lines = caplog.messages
     assert any(line.startswith("pretrain: peak ") and "GFLOP/s" in line
                and line.endswith("oneDNN on)") for line in lines)  # on: tests/conftest.py
     assert any("batch 8 × 2 accumulated" in line for line in lines)
@@ -303,12 +307,12 @@ class _Improving:
         return {"mlm": logits}
 
 
-def test_heldout_probe_records_time_to_accuracy():
+def test_heldout_probe_records_time_to_accuracy(caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
     model = _Improving()
     batch = ({}, {"mlm": np.ones((1, 4), "int32")}, {"mlm": np.ones((1, 4), "float32")})
-    lines = []
-    probe = callbacks.HeldOutProbe([batch], every=2, total_steps=9, log=lines.append,
-                                   to_mlflow=False, seconds_before=100.0)
+    probe = callbacks.HeldOutProbe([batch], every=2, total_steps=9, to_mlflow=False,
+                                   seconds_before=100.0)
     probe.set_model(model)
     probe.on_train_begin()
     for step in range(1, 10):
@@ -322,7 +326,7 @@ def test_heldout_probe_records_time_to_accuracy():
     assert seconds[-1] - 100.0 < 0.05  # the probes' own 5 x 0.05 s are not training time
     assert set(probe.reached) == {0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.72, 0.8, 0.9}
     assert probe.reached[0.2] == seconds[1] and probe.reached[0.9] == seconds[4]
-    assert any("reached 0.5 at step 6" in line for line in lines)
+    assert any("reached 0.5 at step 6" in line for line in caplog.messages)
 
 
 def test_gpu_strategies_without_a_gpu_name_the_fix():
@@ -340,24 +344,25 @@ def test_gpu_strategies_without_a_gpu_name_the_fix():
 
 
 def test_max_seconds_stops_training_then_probes_evaluates_and_stays_stopped(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, caplog):
     no_export(monkeypatch)
     write_pretraining_data(tmp_path / "run")
     paths = artifacts.Artifacts(tmp_path / "run")
     config = tiny_config(tmp_path / "run", "train.steps=100000", "train.checkpoint_every=50",
                          "train.heldout_every=1000", "train.max_seconds=3")
-    lines = []
-    result = pretrain.run(config, log=lines.append)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    result = pretrain.run(config)
     assert 1 <= result["step"] < 100000 and "eval_mlm_accuracy" in result
-    assert any("stopped at step" in line and "train.max_seconds = 3" in line for line in lines)
+    assert any("stopped at step" in line and "train.max_seconds = 3" in line
+               for line in caplog.messages)
     curve = json.loads(paths.heldout_curve.read_text())["curve"]
     assert curve[-1][0] == result["step"] and 3 <= curve[-1][1] < 30  # probed where it stopped
     step, _ = checkpoints.latest_checkpoint(paths.checkpoint_dir)
     assert step == result["step"]
-    lines.clear()
-    again = pretrain.run(config, log=lines.append)  # a re-run: its seconds are spent
+    caplog.clear()
+    again = pretrain.run(config)  # a re-run: its seconds are spent
     assert again["step"] == result["step"]
-    assert any("not training further" in line for line in lines)
+    assert any("not training further" in line for line in caplog.messages)
 
 
 def test_decay_over_max_seconds_spends_the_rate_with_the_budget(tmp_path):
