@@ -127,15 +127,53 @@ def part_path(temp_dir: str, phase: Phase, group: int) -> str:
     return FileSystems.join(temp_dir, f"phase{phase.index + 1}-group{group:06d}.tfrecord")
 
 
+class _GroupProgress:
+    """What CreateInstancesFn tells beam_jobs/progress.py of one group, as `done`: the bytes of
+    its documents (`reading.ref_bytes`), in shares by about the time each step takes (measured:
+    tokenizing the documents about half as long as one pass of instances): 1 for the
+    tokenization, told as the documents are read, and 2 x dupe_factor for each phase, told as
+    its instances are written against an estimate of their number (at most 99% of its share),
+    its whole share once its part file is complete. The shares add up to the group's bytes."""
+
+    def __init__(self, reporter: progress.Reporter, refs, phases: list):
+        self.reporter, self.total = reporter, sum(reading.ref_bytes(ref) for _, ref in refs)
+        weights = [1] + [2 * p.settings.dupe_factor for p in phases]
+        self.shares = [self.total * w // sum(weights) for w in weights]
+        self.shares[-1] += self.total - sum(self.shares)
+        self.step, self.told = 0, 0
+
+    def tell(self, done: int, of: int, estimate: bool = False) -> None:
+        """Step `self.step` is `done` of `of` along (`estimate`: `of` is a guess)."""
+        share = self.shares[self.step]
+        value = share * min(done, of) // max(of, 1)
+        if estimate:
+            value = min(value, share * 99 // 100)
+        if value > self.told:
+            self.reporter.add(done=value - self.told)
+            self.told = value
+
+    def next(self) -> None:
+        """The step is complete: the rest of its share, then the next step."""
+        self.reporter.add(done=self.shares[self.step] - self.told)
+        self.step, self.told = self.step + 1, 0
+
+
+def expected_instances(documents: list, settings: InstanceSettings) -> int:
+    """About how many instances a group's documents make: a pass cuts each document's tokens
+    into sequences of max_seq_length - 3 (shorter ones now and then), the last one shorter."""
+    length = max(1, settings.max_seq_length - 3)
+    per_pass = sum(-(-sum(len(sentence) for sentence in sentences) // length)
+                   for _, sentences in documents)
+    return max(1, settings.dupe_factor * per_pass)
+
+
 class CreateInstancesFn(beam.DoFn):
     """(group, [(doc_id, ref)]) -> one part file per phase, and (phase index, group, part
     path, records) for each; counters on `stats`.
 
     Reads the group's documents (`transforms.DocumentLoader`), tokenizes them in batches
     (kept as compact arrays), then creates, encodes and writes each phase's instances.
-    With `progress_dir`, tells beam_jobs/progress.py the bytes of the group's documents as
-    `done`: half as they are tokenized, the other half shared by the phases, each phase's
-    share when its part file is written.
+    With `progress_dir`, tells beam_jobs/progress.py how far it is (`_GroupProgress`).
     """
 
     def __init__(self, phases: list, special: SpecialIds, temp_dir: str, vocab_file: str,
@@ -156,21 +194,19 @@ class CreateInstancesFn(beam.DoFn):
                                          self._special.vocab_size) for p in self._phases]
         self._reporter = progress.reporter(self._progress_dir)
 
-    def load_group(self, refs, counters: dict) -> list:
+    def load_group(self, refs, counters: dict, told: _GroupProgress | None = None) -> list:
         """[(doc_id, ref)] -> [(doc_id, [array of ids per sentence])], sorted by doc_id."""
-        documents, batch, batch_sentences = [], [], 0
-        reporter, told = getattr(self, "_reporter", None), [0, 0]  # bytes read, told
+        documents, batch, batch_sentences, read = [], [], 0, 0
 
         def flush():
             documents.extend(transforms.tokenize_documents(self._tokenizer, batch, counters))
             batch.clear()
-            if reporter is not None:  # the first half of the bytes read so far
-                reporter.add(done=told[0] // 2 - told[1])
-                told[1] = told[0] // 2
+            if told is not None:
+                told.tell(read, told.total)
 
         with reading.DocumentLoader(self._format, self._text_field, counters) as loader:
             for doc_id, ref in sorted(refs, key=lambda item: item[0]):
-                told[0] += reading.ref_bytes(ref)
+                read += reading.ref_bytes(ref)
                 sentences = loader.load(doc_id, ref)
                 if sentences is None:
                     continue
@@ -185,10 +221,11 @@ class CreateInstancesFn(beam.DoFn):
     def process(self, element):
         group, refs = element
         counters = {"groups": 1}
-        documents = self.load_group(refs, counters)
         reporter = getattr(self, "_reporter", None)
-        rest = sum(reading.ref_bytes(ref) for _, ref in refs) if reporter is not None else 0
-        rest -= rest // 2  # what the tokenization did not tell
+        told = None if reporter is None else _GroupProgress(reporter, refs, self._phases)
+        documents = self.load_group(refs, counters, told)
+        if told is not None:
+            told.next()
         frame = transforms.tfrecord_frame
         for phase, encoder in zip(self._phases, self._encoders):
             settings, prefix = phase.settings, phase.prefix
@@ -197,6 +234,7 @@ class CreateInstancesFn(beam.DoFn):
             path = part_path(self._temp_dir, phase, group)
             written = 0
             counted = InstanceCounters(settings.max_seq_length, prefix)
+            expected = expected_instances(documents, settings) if told is not None else 0
             with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as out:
                 buffer = []
                 for instance in create_instances_for_group(documents, group, settings,
@@ -207,12 +245,12 @@ class CreateInstancesFn(beam.DoFn):
                         out.write(b"".join(buffer))
                         written += len(buffer)
                         buffer = []
+                        if told is not None:
+                            told.tell(written, expected, estimate=True)
                 out.write(b"".join(buffer))
                 written += len(buffer)
-            if reporter is not None:
-                share = rest // (len(self._phases) - phase.index)
-                reporter.add(done=share)
-                rest -= share
+            if told is not None:
+                told.next()
             counted.add_to(counters)
             for key, value in phase_counters.items():
                 counters[prefix + key] = counters.get(prefix + key, 0) + value
