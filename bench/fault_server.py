@@ -197,9 +197,9 @@ class Team:
 def start_team_server(base: Path, log=print) -> Team:
     """`make server`'s server (its own cluster: DATABASE_URL is not used here) in base/server."""
     folder = base / "server"
-    state = server_lib.start(folder, port=0, workers=2, database_url=None, log=log)
+    state = server_lib.start(folder, port=0, workers=2, database_url=None)
     if not state.get("cluster"):
-        server_lib.stop(folder, log=log)
+        server_lib.stop(folder)
         raise RuntimeError("DATABASE_URL is set: the server cases kill and restart a cluster of "
                            "their own; unset it")
     password = (os.environ.get("MLFLOW_AUTH_ADMIN_PASSWORD")
@@ -252,7 +252,7 @@ def _reap(pid: int) -> None:
 
 def restart(team: Team, what: str, log=print) -> None:
     if what == "server":
-        server_lib.start(team.folder, port=team.port, workers=2, log=log)
+        server_lib.start(team.folder, port=team.port, workers=2)
     else:
         server_lib.start_cluster(team.layout, json.loads(team.layout.state.read_text()))
 
@@ -495,6 +495,6 @@ def run_cases(top: Path, cases, seed: int, log=print) -> list[Result]:
                 f"{'survived' if result.survived else 'LOST ' + '; '.join(result.problems)}"
                 f"  [{time.time() - started:.0f} s]")
     finally:
-        server_lib.stop(base / "server", log=lambda _: None)
+        server_lib.stop(base / "server")
         shutil.rmtree(base, ignore_errors=True)
     return results

@@ -7,19 +7,19 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 
 import keras
 import numpy as np
 import pytest
 
+from models import preprocessor
 from models.bert import BertEncoder
 from models.heads import BertSentenceEncoder
 from pipeline import artifacts
 from pipeline.serving import search
-from models import preprocessor
 from pipeline.text import windows
 from pipeline.tools import predict, retrieval_eval
-
 from tests.test_finetune_data import write_vocab
 
 
@@ -167,15 +167,19 @@ def test_brown_query_set_removes_each_query_from_its_document():
                    for p in pairs)
 
 
-def test_evaluate_retrieval_reports_every_method(pre):
+def test_evaluate_retrieval_reports_every_method(pre, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
     docs = ["the cat sat over a big red house the dog ran under the old tree who saw paris",
             "the cat sat over a big red house the dog ran over the new road where london",
             "a small bird found the river by the hill"]
     result = retrieval_eval.evaluate_retrieval(BagOfWords(pre), pre, ["a", "b", "c"], docs,
                                                ["who saw paris", "where london", "bird river"],
-                                               [{"a"}, {"b"}, {"c"}], 8, 4, log=lambda m: None)
+                                               [{"a"}, {"b"}, {"c"}], 8, 4)
     assert set(result) == {"symmetric_truncated", "asymmetric_passage_max", "tfidf_document",
                            "tfidf_passage_max", "setup"}
     assert result["asymmetric_passage_max"]["mrr"] == 1.0
     assert result["symmetric_truncated"]["mrr"] < 1.0
     assert result["tfidf_document"]["recall_at_1"] == 1.0  # word overlap: exact here
+    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.tools.retrieval_eval"]
+    assert [line.split(" (")[0] for line in said] == ["retrieval: symmetric done",
+                                                     f"retrieval: {result['setup']['passages']} passages indexed"], said

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -38,10 +39,6 @@ SECRET_VARIABLES = ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KE
 NO_POSTGRES = "the PostgreSQL server binaries are not installed (make test-setup installs them)"
 
 
-def quiet(_line: str) -> None:
-    pass
-
-
 def world_searchable_dir() -> Path:
     """A fresh folder the `postgres` system user can pass through (pytest's tmp_path is under
     a 0700 folder of root's, which the cluster's user could not reach)."""
@@ -61,11 +58,11 @@ def team_server():
         with pytest.MonkeyPatch.context() as env:
             for name in SECRET_VARIABLES:
                 env.delenv(name, raising=False)
-            state = server_lib.start(folder, port=0, workers=1, log=quiet)
+            state = server_lib.start(folder, port=0, workers=1)
         yield SimpleNamespace(url=state["url"], layout=layout, state=state, base=base,
                               password=layout.admin_password.read_text().strip())
     finally:
-        server_lib.stop(folder, log=quiet)
+        server_lib.stop(folder)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -217,7 +214,8 @@ def test_no_secret_in_any_file_log_or_output(team_server, capfd):
     assert server_lib.main(["status", "--dir", str(layout.dir)]) == 0
     assert server_lib.main(["start", "--dir", str(layout.dir), "--port", "0"]) == 0
     shown = capfd.readouterr()
-    assert "already running" in shown.out and team_server.url in shown.out
+    # (the status line: stderr, or stdout where a pipeline run in this process set up logging)
+    assert "already running" in shown.err + shown.out and team_server.url in shown.out
     assert str(layout.admin_password) in shown.out  # where it is, not what it is
     # The server's and PostgreSQL's logs (read as root: the cluster's folder is its user's).
     files = {p.name: p.read_text(errors="replace") for p in
@@ -227,7 +225,7 @@ def test_no_secret_in_any_file_log_or_output(team_server, capfd):
 
 
 @pytest.mark.slow
-def test_restart_keeps_runs_and_artifacts(as_admin, tmp_path):
+def test_restart_keeps_runs_and_artifacts(as_admin, tmp_path, caplog):
     """`stop` ends the server's processes and the cluster; `start` brings both back, with the
     runs and their artifacts."""
     layout = as_admin.layout
@@ -241,14 +239,19 @@ def test_restart_keeps_runs_and_artifacts(as_admin, tmp_path):
                                              .read_text().split()[0])
 
     assert group_members(pid) and group_members(pg_pid)
-    assert server_lib.stop(layout.dir, log=quiet)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    assert server_lib.stop(layout.dir)
+    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.tools.server"]
+    assert said == [f"server: stopped mlflow server (pid {pid})",
+                    f"server: stopped PostgreSQL ({layout.pgdata})"], said
     assert not group_members(pid)  # the server, its workers, its job runner
     assert not group_members(pg_pid)  # the postmaster and its backends
     assert not (layout.pgdata / "postmaster.pid").exists() and not layout.pid.exists()
     assert server_lib.main(["status", "--dir", str(layout.dir)]) == server_lib.NOT_RUNNING
-    assert server_lib.stop(layout.dir, log=quiet) is False  # nothing left to stop
+    assert server_lib.stop(layout.dir) is False  # nothing left to stop
+    assert caplog.records[-1].getMessage() == f"server: nothing was running ({layout.dir})"
 
-    state = server_lib.start(layout.dir, port=as_admin.state["port"], workers=1, log=quiet)
+    state = server_lib.start(layout.dir, port=as_admin.state["port"], workers=1)
     as_admin.state.update(state)
     assert state["url"] == as_admin.url
     history = client.get_metric_history(run_id, "loss")
@@ -407,7 +410,7 @@ def test_database_url_points_a_server_at_an_existing_database(as_admin, monkeypa
                        f"postgresql://mlflow:{db_password}@127.0.0.1:{pg_port}/mlflow")
     monkeypatch.setenv("AUTH_DATABASE_URL",
                        f"postgres://mlflow:{db_password}@127.0.0.1:{pg_port}/mlflow_auth")
-    state = server_lib.start(folder, port=0, workers=1, log=quiet)
+    state = server_lib.start(folder, port=0, workers=1)
     try:
         assert not state["cluster"] and not (folder / "postgres").exists()
         assert state["backend"] == f"postgresql+psycopg2://mlflow@127.0.0.1:{pg_port}/mlflow"
@@ -418,7 +421,7 @@ def test_database_url_points_a_server_at_an_existing_database(as_admin, monkeypa
         for path in (second.auth_ini, second.state, second.log):
             assert db_password not in path.read_text(), path
     finally:
-        server_lib.stop(folder, log=quiet)
+        server_lib.stop(folder)
     assert server_lib.status(folder)["running"] is False
 
 

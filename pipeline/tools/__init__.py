@@ -1,3 +1,82 @@
 """Commands that are not pipeline stages: predict, retrieval-eval, and the inspection tools
 (fill-mask, nsp, attention, embed); `python -m pipeline <command>` dispatches to them.
+
+`console(verbose)` is the logging each command sets up (its `-v/--verbose`): the pipeline's
+progress and status lines (`logging.getLogger(__name__).info`) on stderr, so that what a command
+prints on stdout as its result (a table, JSON lines a user pipes on) stays clean; other
+libraries' warnings on stderr too, their INFO lines only with `verbose`. A run of the pipeline's
+stages logs through pipeline/logs.py instead (a run directory, log files per stage).
 """
+
+from __future__ import annotations
+
+import logging
+import sys
+
+NAME = "pipeline"  # the pipeline's loggers are its children (pipeline/logs.py NAME)
+_INSTALLED: list[tuple[logging.Logger, logging.Handler]] = []  # by `console`, replaced by the next
+
+
+class _Stderr(logging.StreamHandler):
+    """A StreamHandler on whatever sys.stderr is when a line is written (tests redirect it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+class _Prefixed(logging.Formatter):
+    """The line as it is; a warning or an error says so first (as pipeline/logs.py's console)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            level = "warning" if record.levelno < logging.ERROR else "error"
+            if not text.startswith(f"{level}:"):
+                text = f"{level}: {text}"
+        return text
+
+
+class _NotOurs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(NAME)
+
+
+class _Alone(logging.Filter):
+    """Silent once pipeline/logs.py `setup` (a stage run in the same process, as in tests)
+    put its own console on the pipeline's logger: a line is not printed twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        mine = [handler for _, handler in _INSTALLED]
+        return all(handler in mine for handler in logging.getLogger(NAME).handlers)
+
+
+def console(verbose: bool = False) -> logging.Logger:
+    """Logging for one command (see the module's docstring); returns the pipeline's logger.
+    Calling it again replaces what the last call installed."""
+    root, ours = logging.getLogger(), logging.getLogger(NAME)
+    for logger, handler in _INSTALLED:
+        logger.removeHandler(handler)
+        handler.close()
+    _INSTALLED.clear()
+    own = _Stderr()
+    own.setFormatter(_Prefixed("%(message)s"))
+    own.addFilter(_Alone())
+    others = _Stderr()
+    others.setFormatter(_Prefixed("%(message)s"))
+    others.addFilter(_NotOurs())
+    others.addFilter(_Alone())
+    others.setLevel(logging.INFO if verbose else logging.WARNING)
+    ours.setLevel(logging.INFO)
+    ours.addHandler(own)
+    root.addHandler(others)
+    if verbose:
+        root.setLevel(logging.INFO)
+    elif root.level == logging.NOTSET or root.level > logging.WARNING:
+        root.setLevel(logging.WARNING)
+    _INSTALLED.extend([(ours, own), (root, others)])
+    return ours

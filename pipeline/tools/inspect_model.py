@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from pipeline.inspection.probes import (
 )
 from pipeline.text.tokenizer import Tokenizer
 from pipeline.text.vocab import TextError
+from pipeline.tools import console
 
 
 # ---------------------------------------------------------------------------
@@ -73,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--vocab", help="vocab.txt (default: the run's, or beside the model)")
     source.add_argument("--cased", action="store_true",
                         help="the vocab is cased (default: vocab.json beside it, else uncased)")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (TensorFlow, Keras) on stderr")
     parser = argparse.ArgumentParser(prog="python -m pipeline",
                                      description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2), already printed
         return int(exit_.code or 0)
+    console(args.verbose)
     try:
         COMMANDS[args.command](args)
     except TextError as err:  # InspectError and the tokenizer's vocab errors

@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 import mlflow
-import pandas as pd  # noqa: F401 - the pyfunc's type hints
+import pandas as pd
 
+from pipeline.tools import console
 from pipeline.tools.predictor import Predictor
 
 
@@ -62,7 +63,10 @@ def main(argv=None) -> int:
                         help="--passages: pieces between passage starts (default half a passage)")
     parser.add_argument("--tracking-uri", default="",
                         help="for models:/ URIs (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (TensorFlow, MLflow) on stderr")
     args = parser.parse_args(argv)
+    console(args.verbose)
     try:
         rows = _predict(args)
     except (FileNotFoundError, ValueError, KeyError) as err:

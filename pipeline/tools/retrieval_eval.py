@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 import time
@@ -36,6 +37,9 @@ from pipeline.serving.search import (
     rank,
     split_passages,
 )
+from pipeline.tools import console
+
+log = logging.getLogger(__name__)
 
 
 def ranking_metrics(scores: np.ndarray, doc_ids: list, relevant: list, ks=(1, 5, 10)) -> dict:
@@ -145,16 +149,16 @@ def tfidf_scores(documents, queries, passages: Passages | None = None, pre=None)
 
 
 def evaluate_retrieval(encoder, pre, doc_ids, documents, queries, relevant,
-                       passage_length: int, passage_stride: int, log=print) -> dict:
+                       passage_length: int, passage_stride: int) -> dict:
     """Symmetric (truncated document) vs asymmetric (passage max) vs TF-IDF on one query set."""
     started = time.time()
     q = embed(encoder, pre.features(list(queries)))
     d = embed(encoder, pre.features(list(documents)))  # truncated to the window
     results = {"symmetric_truncated": ranking_metrics(q @ d.T, doc_ids, relevant)}
-    log(f"retrieval: symmetric done ({time.time() - started:.0f} s)")
+    log.info(f"retrieval: symmetric done ({time.time() - started:.0f} s)")
     index = PassageIndex.build(encoder, pre, documents, doc_ids, passage_length, passage_stride)
     results["asymmetric_passage_max"] = ranking_metrics(index.scores(q), doc_ids, relevant)
-    log(f"retrieval: {len(index):,} passages indexed ({time.time() - started:.0f} s)")
+    log.info(f"retrieval: {len(index):,} passages indexed ({time.time() - started:.0f} s)")
     results["tfidf_document"] = ranking_metrics(tfidf_scores(documents, queries), doc_ids,
                                                 relevant)
     passages = split_passages(documents, pre, passage_length, passage_stride)
@@ -193,7 +197,10 @@ def main(argv=None) -> int:
     parser.add_argument("--write-training-pairs", default="", metavar="JSONL",
                         help="instead: write (query, document) pairs for fine-tuning a "
                              "semantic_search model on Brown, the query sentences left out")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (TensorFlow, Keras)")
     args = parser.parse_args(argv)
+    console(args.verbose)
     paths = artifacts.Artifacts(args.run_dir)
     if args.write_training_pairs:
         queries = brown_query_set(args.tarball, args.queries, args.seed)[2]
@@ -216,8 +223,8 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"retrieval: {len(queries)} queries against {len(documents)} Brown documents; "
-          f"model {model}")
+    log.info(f"retrieval: {len(queries)} queries against {len(documents)} Brown documents; "
+             f"model {model}")
     results = evaluate_retrieval(encoder, pre, doc_ids, documents, queries, relevant, length,
                                  stride)
     results["setup"].update({"model": model, "seed": args.seed})

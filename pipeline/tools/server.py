@@ -34,6 +34,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import pwd
 import secrets
@@ -48,7 +49,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from pipeline import artifacts
+from pipeline import artifacts, tools
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DIR = "runs/server"
 ADMIN = "admin"
@@ -329,8 +332,7 @@ def _locked(layout: Layout):
 
 
 def start(folder=DEFAULT_DIR, host: str = "127.0.0.1", port: int = 5000, workers: int = 2,
-          database_url: str | None = None, extra_args: tuple = (), timeout: float = 180,
-          log=print) -> dict:
+          database_url: str | None = None, extra_args: tuple = (), timeout: float = 180) -> dict:
     """Starts PostgreSQL (unless `database_url`) and the MLflow server with basic auth; returns
     the server's state (url, pids, ports; no secrets). Already running: its state."""
     layout = Layout(folder)
@@ -339,7 +341,7 @@ def start(folder=DEFAULT_DIR, host: str = "127.0.0.1", port: int = 5000, workers
     with _locked(layout):
         state = _read_json(layout.state)
         if _server_pid(layout):
-            log(f"server: already running at {state.get('url')} (pid {state.get('pid')})")
+            log.info(f"server: already running at {state.get('url')} (pid {state.get('pid')})")
             return state
         if port and not _port_free(host, port):
             raise ServerError(f"port {port} on {host} is in use: stop what uses it or choose "
@@ -431,7 +433,9 @@ def start(folder=DEFAULT_DIR, host: str = "127.0.0.1", port: int = 5000, workers
     return state
 
 
-def _stop_locked(layout: Layout, log=lambda _: None) -> bool:
+def _stop_locked(layout: Layout, level: int = logging.DEBUG) -> bool:
+    """Stops what runs; says so at `level` (a failed `start` cleaning up: not on the console,
+    its one-line error says what went wrong)."""
     pid = _server_pid(layout)
     if pid:
         os.killpg(pid, signal.SIGTERM)  # its process group: workers and job runner too
@@ -441,24 +445,24 @@ def _stop_locked(layout: Layout, log=lambda _: None) -> bool:
             time.sleep(0.25)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        log(f"server: stopped mlflow server (pid {pid})")
+        log.log(level, f"server: stopped mlflow server (pid {pid})")
     layout.pid.unlink(missing_ok=True)
     stopped_pg = bool(_read_json(layout.state).get("cluster")) and stop_cluster(layout)
     if stopped_pg:
-        log(f"server: stopped PostgreSQL ({layout.pgdata})")
+        log.log(level, f"server: stopped PostgreSQL ({layout.pgdata})")
     return bool(pid) or stopped_pg
 
 
-def stop(folder=DEFAULT_DIR, log=print) -> bool:
+def stop(folder=DEFAULT_DIR) -> bool:
     """Stops the MLflow server and the cluster `start` started; False if nothing ran."""
     layout = Layout(folder)
     if not layout.dir.is_dir():
-        log(f"server: nothing to stop ({layout.dir} does not exist)")
+        log.info(f"server: nothing to stop ({layout.dir} does not exist)")
         return False
     with _locked(layout):
-        stopped = _stop_locked(layout, log)
+        stopped = _stop_locked(layout, logging.INFO)
     if not stopped:
-        log(f"server: nothing was running ({layout.dir})")
+        log.info(f"server: nothing was running ({layout.dir})")
     return stopped
 
 
@@ -483,9 +487,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: all)")
     parser.add_argument("--port", type=int, default=5000, help="0: a free one")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (MLflow, PostgreSQL's driver)")
     args, extra = parser.parse_known_args(argv[1:] if argv and argv[0] == "server" else argv)
     if extra and args.action != "start":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    tools.console(args.verbose)
     layout = Layout(args.dir)
     try:
         if args.action == "stop":

@@ -5,14 +5,18 @@ again later)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import mlflow
 
 from pipeline import artifacts
 from pipeline import config as config_lib
+from pipeline.tools import console
 from pipeline.tracking import runs
 from pipeline.tracking.outbox import configure, flush, set_http_patience
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
@@ -25,7 +29,10 @@ def main(argv: list[str]) -> int:
         description="Send the MLflow calls a run kept while the tracking store was down.")
     parser.add_argument("overrides", nargs="*", help="section.key=value (e.g. run_dir=runs/x)")
     parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (MLflow)")
     args = parser.parse_args(argv[1:] if argv and argv[0] == "tracking-sync" else argv)
+    console(args.verbose)
     try:
         config = config_lib.load(args.config, args.overrides)
     except config_lib.ConfigError as err:
@@ -36,7 +43,7 @@ def main(argv: list[str]) -> int:
     outbox_file = artifacts.Artifacts(config.run_dir).tracking_outbox
     waiting = configure(outbox_file)
     if not waiting:
-        print(f"tracking-sync: nothing kept in {outbox_file}")
+        log.info(f"tracking-sync: nothing kept in {outbox_file}")
         return 0
     sent, left = flush()
     if left:
@@ -44,6 +51,6 @@ def main(argv: list[str]) -> int:
               f"sent {sent} of {waiting} kept calls, {left} stay in {outbox_file}; run "
               f"tracking-sync again when it is up", file=sys.stderr)
         return 2
-    print(f"tracking-sync: sent {sent} kept calls from {outbox_file} to "
-          f"{mlflow.get_tracking_uri()}")
+    log.info(f"tracking-sync: sent {sent} kept calls from {outbox_file} to "
+             f"{mlflow.get_tracking_uri()}")
     return 0
