@@ -8,6 +8,8 @@ on the new model version (tags and description).
 
     bert-pipeline cycle --config configs/nightly.yaml [key=value ...]     every step
     ... --step pretrain | finetune [--task NAME] | evaluate | promote     one step (Airflow)
+    ... -v                                  everything on the console, not only each step's
+                                            start and end (its log: <cycle>/logs/steps/)
 
 Exit codes (pipeline/cli.py EXIT_*): 0 a cycle (or the step) ran; 3 nothing new (no new text
 since the last cycle and no cycle under way: nothing trained, no MLflow run); 4 already running
@@ -15,7 +17,9 @@ since the last cycle and no cycle under way: nothing trained, no MLflow run); 4 
 
 Each cycle has its folder <run_dir>/cycles/<NNNN>/, the run_dir of its stages, and one MLflow
 parent run ("cycle N") under which each step's pipeline run is nested (the stage runs under
-those). A cycle killed at any point is continued by the next invocation with the same files; its
+those). Each step (pretrain, finetune-<task>, evaluate, promote) runs as the CLI runs a stage
+(pipeline/logs.py `stage`): its full log in <cycle>/logs/steps/<step>.log, also on the cycle's
+run as logs/<step>.log; the console shows its start and end, warnings and errors. A cycle killed at any point is continued by the next invocation with the same files; its
 completed steps are not done again (the pretraining resumes from its checkpoint).
 
 Why here: the cycle runs stages, and it runs them through the CLI's own runner (`cli._run`), so
@@ -29,16 +33,23 @@ library parts hold no stage: the cycles' state (pipeline/tools/cycle_state.py) a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import json
+import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from pipeline import cli
 
 STEPS = ("all", "pretrain", "finetune", "evaluate", "promote")
+KEPT_LOG_BYTES = 8 << 20  # a step's log on the cycle's MLflow run: its last 8 MB
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +62,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--task", default="", help="finetune step: this task only")
     parser.add_argument("--force", action="store_true",
                         help="do the steps of the cycle under way again, even if done")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show everything on the console: each step's lines, Beam's worker "
+                             "logging, TensorFlow's start-up messages, every library's INFO "
+                             "lines (otherwise only in the step's log, <cycle>/logs/steps/)")
     args = parser.parse_args(argv[1:] if argv and argv[0] == "cycle" else argv)
+    if not args.verbose:  # as the CLI: TensorFlow's start-up lines stay off the console
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.task and args.step != "finetune":
         print("error: --task names the task of `--step finetune`; add --step finetune or drop "
               "--task", file=sys.stderr)
@@ -68,17 +85,35 @@ def main(argv: list[str]) -> int:
         return cli.EXIT_BAD_INPUT
     root = artifacts.Artifacts(config.run_dir).root
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    log = logs.setup(root / "logs" / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-"
-                                     f"cycle.log").info
+    log_file = root / "logs" / f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-cycle.log"
+    logs.setup(log_file, verbose=args.verbose)
     step = [args.step]
     try:
-        with cli.RunLock(root):
-            return Cycle(config, args, tasks, root, log).run(step)
+        with cli.RunLock(root), logs.stderr_to(log_file):
+            return Cycle(config, args, tasks, root).run(step)
     except cli.AlreadyRunning as err:
         print(f"error: {err}", file=sys.stderr)
         return cli.EXIT_ALREADY_RUNNING
     except Exception as err:  # noqa: BLE001 - reported, then mapped to an exit code
-        return cli._failed(err, config, log, f"cycle's {step[0]}")
+        return cli._failed(err, config, f"cycle's {step[0]}")
+
+
+class _StepLines(logging.Filter):
+    """On the console's handlers while a step runs: its warnings and errors, and the heartbeat
+    (pipeline/logs.py: `<stage>: running, ...` when nothing was said for a while) go through;
+    its other lines go to its log file only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.threadName.startswith("heartbeat-")
+
+
+class StepFailed(Exception):
+    """A step whose stages' runner returned an exit code other than 0 (its error line already
+    said why)."""
+
+    def __init__(self, step: str, code: int):
+        super().__init__(f"{step} ended with exit code {code}")
+        self.code = code
 
 
 def _check(config, args) -> list:
@@ -144,12 +179,13 @@ def task_config(config, task, cycle_dir: Path | None):
 
 
 class Cycle:
-    def __init__(self, config, args, tasks, root: Path, log):
+    def __init__(self, config, args, tasks, root: Path):
         from pipeline.tools import cycle_state
 
-        self.config, self.args, self.tasks, self.root, self.log = config, args, tasks, root, log
+        self.config, self.args, self.tasks, self.root = config, args, tasks, root
         self.cycles = cycle_state.Cycles(root)
         self.record: dict = {}
+        self.runner_said = ""  # what the CLI's runner wrote on stderr (its error line)
 
     # -- the steps ------------------------------------------------------------------------------
     def run(self, step: list) -> int:
@@ -161,25 +197,25 @@ class Cycle:
             cc = self.config.cycle
             new, settling = self.cycles.scan(cc.incoming, cc.settle_seconds, artifacts.RUN_ROOT)
             if settling:
-                self.log(f"cycle: {len(settling)} file(s) changed in the last "
+                log.info(f"cycle: {len(settling)} file(s) changed in the last "
                          f"{cc.settle_seconds:g} s left for the next cycle: {settling[0]} ...")
             size = sum(f["bytes"] for f in new)
             if not new or size < cc.min_new_bytes:
-                self.log(f"nothing new: no new text in {cc.incoming} (below "
+                log.info(f"nothing new: no new text in {cc.incoming} (below "
                          f"{artifacts.RUN_ROOT} if relative) since the last cycle"
                          + (f" ({size:,} bytes < cycle.min_new_bytes)" if new else "")
                          + "; nothing trained")
                 return cli.EXIT_NOTHING_TO_DO
             record = self.cycles.open_new(new)
-            self.log(f"cycle {record['number']}: opened on {len(new)} new file(s), {size:,} "
+            log.info(f"cycle {record['number']}: opened on {len(new)} new file(s), {size:,} "
                      f"bytes ({sum(f['changed'] for f in new)} changed since trained on), "
                      f"copied to {self.cycles.folder(record) / 'incoming'}")
         elif record is None:
-            self.log("nothing to do: no cycle is under way (`--step pretrain` opens one when "
+            log.info("nothing to do: no cycle is under way (`--step pretrain` opens one when "
                      "new text arrived)")
             return cli.EXIT_NOTHING_TO_DO
         else:
-            self.log(f"cycle {record['number']}: under way since {record['opened']}; "
+            log.info(f"cycle {record['number']}: under way since {record['opened']}; "
                      f"continuing (steps done: {', '.join(record['steps']) or 'none'})")
         self.record, self.dir = record, self.cycles.folder(record)
         self._tracking()
@@ -188,15 +224,89 @@ class Cycle:
                 continue
             step[0] = name
             self._require(name)
-            try:
-                code = getattr(self, name)()
-            except BaseException:
-                self._failed(name)
-                raise
-            if code:
-                self._failed(name)
-                return code
+            for label, work in self._todo(name):
+                step[0] = label
+                try:
+                    with self._step(label):
+                        code = work()
+                        if code:
+                            raise StepFailed(label, code)
+                except StepFailed as failed:
+                    self._failed(label)
+                    sys.stderr.write(_error_of(self.runner_said))  # now on the console
+                    return failed.code
+                except BaseException:
+                    self._failed(label)
+                    raise
+                self._said(label)
         return cli.EXIT_OK
+
+    def _todo(self, name: str) -> list:
+        """(step label, what it runs) for the work of step `name` not done yet: one per task
+        for finetune (`finetune-<task>`); what is done already is said and skipped."""
+        if name == "finetune":
+            todo = []
+            for task in self.tasks:
+                if self.args.task and task.name != self.args.task:
+                    continue
+                if self.record["tasks"].get(task.name, {}).get("done") and not self.args.force:
+                    log.info(f"cycle {self.record['number']}: {task.name} already fine-tuned, "
+                             f"not again (--force does it again)")
+                    continue
+                todo.append((f"finetune-{task.name}", lambda task=task: self.finetune(task)))
+            return todo
+        if name in ("pretrain", "evaluate") and self._done(name):
+            return []
+        return [(name, getattr(self, name))]
+
+    @contextlib.contextmanager
+    def _step(self, label: str):
+        """One step as the CLI runs a stage (pipeline/logs.py `stage`): a line when it starts
+        and when it ends on the console, warnings and errors; everything else, with what the
+        libraries and TensorFlow print, in <cycle>/logs/steps/<label>.log, also logged on the
+        cycle's MLflow run (logs/<label>.log). -v: everything on the console too."""
+        from pipeline import logs
+
+        with logs.stage(label, self.dir / "logs" / "steps", self._keep_log):
+            quiet = None if self.args.verbose else _StepLines()
+            consoles = list(logging.getLogger(logs.NAME).handlers) if quiet else []
+            for handler in consoles:
+                handler.addFilter(quiet)
+            try:
+                yield
+            finally:
+                for handler in consoles:
+                    handler.removeFilter(quiet)
+
+    def _keep_log(self, path: Path) -> None:
+        """A step's log file on the cycle's MLflow run, logs/<step>.log (its last 8 MB)."""
+        run_id = self.record.get("mlflow_run_id")
+        if not run_id:
+            return
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - KEPT_LOG_BYTES))
+            tail = handle.read()
+        with tempfile.TemporaryDirectory(prefix="cycle-log-") as tmp:
+            copy = Path(tmp) / path.name
+            copy.write_bytes(tail)
+            self.client.log_artifact(run_id, str(copy), "logs")
+
+    def _said(self, label: str) -> None:
+        """After a step, on the console: what it decided (the step's log has the rest)."""
+        number = self.record["number"]
+        if label not in ("evaluate", "promote"):
+            return
+        for task in self.tasks:
+            entry = self.record["tasks"].get(task.name, {})
+            said = entry.get("decision" if label == "promote" else "comparison")
+            if said:
+                log.info(f"cycle {number}: {task.name}: {said}")
+        if label == "evaluate":
+            log.info(f"cycle {number}: report {self.dir / 'report' / 'cycle_report.html'}")
+        else:
+            log.info(f"cycle {number}: done ({self.dir}; the report: "
+                     f"report/cycle_report.html there and on MLflow run "
+                     f"{self.record['mlflow_run_id']})")
 
     def _failed(self, step: str) -> None:
         """The cycle's run says which step failed (FAILED until a re-run continues it)."""
@@ -206,7 +316,7 @@ class Cycle:
                 self.client.set_tag(run_id, "cycle.failed_step", step)
                 self.client.set_terminated(run_id, "FAILED")
         except Exception as err:  # noqa: BLE001 - the store may be why it failed
-            self.log(f"cycle: could not mark run {run_id} FAILED ({str(err)[:120]})")
+            log.warning(f"cycle: could not mark run {run_id} FAILED ({str(err)[:120]})")
 
     def _require(self, step: str) -> None:
         from pipeline import artifacts
@@ -227,7 +337,7 @@ class Cycle:
 
     def _done(self, step: str) -> bool:
         if step in self.record["steps"] and not self.args.force:
-            self.log(f"cycle {self.record['number']}: {step} already done, not again "
+            log.info(f"cycle {self.record['number']}: {step} already done, not again "
                      f"(--force does it again)")
             return True
         return False
@@ -260,22 +370,16 @@ class Cycle:
         self.cycles.save(record)
         return 0
 
-    def finetune(self) -> int:
-        for task in self.tasks:
-            if self.args.task and task.name != self.args.task:
-                continue
-            entry = self.record["tasks"].setdefault(task.name, {})
-            if entry.get("done") and not self.args.force:
-                self.log(f"cycle {self.record['number']}: {task.name} already fine-tuned, not "
-                         f"again (--force does it again)")
-                continue
-            config = task_config(self.config, task, self.dir)
-            code = self._stages(config, f"finetune-{task.name}", ["finetune"])
-            if code:
-                return code
-            entry.update(finetune_run_id=self.last_run, done=_now(),
-                         registered_model=config.finetune.registered_model)
-            self.cycles.save(self.record)
+    def finetune(self, task) -> int:
+        """One task of the finetune step (`_todo` skips those done)."""
+        entry = self.record["tasks"].setdefault(task.name, {})
+        config = task_config(self.config, task, self.dir)
+        code = self._stages(config, f"finetune-{task.name}", ["finetune"])
+        if code:
+            return code
+        entry.update(finetune_run_id=self.last_run, done=_now(),
+                     registered_model=config.finetune.registered_model)
+        self.cycles.save(self.record)
         return 0
 
     def evaluate(self) -> int:
@@ -294,7 +398,7 @@ class Cycle:
             entry.update(metric=result["metric"], value=result["value"],
                          split_id=result["split_id"], champion=holder,
                          comparison=cycle_report.compare(result, holder))
-            self.log(f"cycle {self.record['number']}: {task.name}: {entry['comparison']}")
+            log.info(f"cycle {self.record['number']}: {task.name}: {entry['comparison']}")
         self._report(final=False)
         self.record["steps"]["evaluate"] = {"done": _now()}
         self.cycles.save(self.record)
@@ -310,7 +414,6 @@ class Cycle:
         from pipeline.tools import cycle_report
         from pipeline.tracking import runs as tracking
 
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         record, run_id = self.record, self.record["mlflow_run_id"]
         for task in self.tasks:
             entry = record["tasks"][task.name]
@@ -338,7 +441,7 @@ class Cycle:
             else:
                 promoted = tracking.promote_if_better(
                     name, version, f"test_{entry['metric']}", entry["value"], entry["split_id"],
-                    cycle_report.higher_is_better(entry["metric"]), log=self.log)
+                    cycle_report.higher_is_better(entry["metric"]))
             reason = self.client.get_model_version(name, version).tags.get("promotion", "")
             entry.update(promoted=promoted, decision=(
                 f"v{version} promoted to champion ({reason})" if promoted
@@ -356,8 +459,7 @@ class Cycle:
         self._report(final=True)
         record["steps"]["promote"] = {"done": _now()}
         self.client.set_terminated(run_id, "FINISHED")
-        self.cycles.close(record, self.config.cycle.keep_cycles, self.log)
-        self.log(f"cycle {record['number']}: done ({self.dir})")
+        self.cycles.close(record, self.config.cycle.keep_cycles)
         return 0
 
     # -- MLflow ---------------------------------------------------------------------------------
@@ -370,6 +472,7 @@ class Cycle:
         from pipeline.tracking import runs as tracking
 
         outbox.set_http_patience()
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         uri = tracking.tracking_uri(self.config)
         tracking.create_sqlite_store(uri)
         mlflow.set_tracking_uri(uri)
@@ -402,14 +505,21 @@ class Cycle:
     def _stages(self, config, label: str, stages: list, scheduled: bool = False) -> int:
         """Runs `stages` with the CLI's runner, its config written to configs/<label>.yaml; its
         pipeline run is then nested under the cycle's run (`self.last_run`)."""
-        from pipeline import artifacts
+        from pipeline import artifacts, logs
         from pipeline import config as config_lib
 
         path = self.dir / "configs" / f"{label}.yaml"
         artifacts.write_text_atomic(path, config_lib.dump_yaml(config))
         since = int(time.time() * 1000) - 1000
-        code = cli._run(config, str(path), stages, self.args.force,
-                        artifacts.Artifacts(config.run_dir), self.log, scheduled=scheduled)
+        # What it prints on stderr (its error line, for bad input) to the step's log and, if the
+        # step fails, to the console (`run`); with -v, straight to the console.
+        said = io.StringIO()
+        with contextlib.nullcontext() if self.args.verbose else contextlib.redirect_stderr(said):
+            code = cli._run(config, str(path), stages, self.args.force,
+                            artifacts.Artifacts(config.run_dir), scheduled=scheduled)
+        self.runner_said = said.getvalue()
+        if self.runner_said.strip():
+            logs.to_file(self.runner_said.rstrip("\n"))  # the step's log
         self.last_run = ""
         for run in self.client.search_runs(
                 [self.experiment], f"tags.`pipeline.run_dir` = '{self.dir}' and "
@@ -441,8 +551,17 @@ class Cycle:
             if task.get("champion") and task["champion"]["value"] == task["champion"]["value"]:
                 self.client.log_metric(run_id, f"{name}.champion_test_{task['metric']}",
                                        task["champion"]["value"])
-        self.log(f"cycle {self.record['number']}: report {written['html']}"
+        log.info(f"cycle {self.record['number']}: report {written['html']}"
                  f"{' (final)' if final else ''}")
+
+
+def _error_of(said: str) -> str:
+    """The runner's error out of what it wrote on stderr: from its `error: ` line or traceback
+    on (the rest went to the step's log)."""
+    lines = said.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines)
+              if line.startswith(("error: ", "Traceback (most recent call last)"))]
+    return "".join(lines[starts[0]:]) if starts else ""
 
 
 def _now() -> str:

@@ -14,12 +14,13 @@ import os
 import random
 import shutil
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
 import yaml
 
-from pipeline import artifacts, cli
+from pipeline import artifacts, cli, cycle
 from pipeline.tools import cycle_state
 from tests.conftest import make_corpus
 
@@ -109,6 +110,46 @@ def test_exit_codes_before_any_training(run_root, capsys):
 
 
 # ---------------------------------------------------------------------------
+# A step's log: its own file, a quiet console
+# ---------------------------------------------------------------------------
+def test_a_step_logs_to_its_file_and_the_console_shows_its_start_and_end(run_root, capsys):
+    """The pretrain step of a cycle whose new text holds a file that is not UTF-8: the corpus
+    stage refuses it (exit 2, the one error line on the console); everything the step said is
+    in <cycle>/logs/steps/pretrain.log, also on the cycle's MLflow run; -v shows it all."""
+    make_corpus(run_root / "incoming", documents=4)
+    (run_root / "incoming" / "latin1.txt").write_bytes(b"A fine line.\n\xe9t\xe9 here.\n")
+    assert cli.main(_args(run_root)) == cli.EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    cycle_dir = run_root / "runs" / "test" / "cycles" / "0001"
+    step_log = cycle_dir / "logs" / "steps" / "pretrain.log"
+    assert out.splitlines()[1:] == [f"pretrain: started (log: {step_log})",
+                                    out.splitlines()[-1]], out
+    assert out.splitlines()[0].startswith("cycle 1: opened on 3 new file(s)")
+    assert out.splitlines()[-1].startswith("pretrain: failed in "), out
+    (error,) = err.splitlines()  # the corpus stage's one line, on the console
+    assert error.startswith("error: ") and "latin1.txt:2 is not UTF-8 text" in error, err
+    text = step_log.read_text()
+    for said in ("pretrain: started", "MLflow run ", f"corpus: started (log: {cycle_dir}/logs/",
+                 error, "pretrain: failed in "):
+        assert said in text, (said, text)
+    client = mlflow.MlflowClient()
+    (run,) = _cycle_runs(client)
+    assert run.info.status == "FAILED" and run.data.tags["cycle.failed_step"] == "pretrain"
+    (kept,) = client.list_artifacts(run.info.run_id, "logs")
+    assert kept.path == "logs/pretrain.log"
+    copy = client.download_artifacts(run.info.run_id, kept.path, str(run_root / "kept"))
+    assert Path(copy).read_text() == text
+
+    # -v (as `bert-pipeline cycle -v` passes it on): the step's lines on the console too; the
+    # cycle under way continues with the same files, and the last log is kept beside the new.
+    assert cycle.main([*_args(run_root), "-v"]) == cli.EXIT_BAD_INPUT
+    out = capsys.readouterr().out
+    assert "MLflow run " in out and "corpus: started" in out and "pretrain: failed" in out
+    assert step_log.with_name("pretrain.previous.log").read_text() == text
+    assert out.startswith("cycle 1: under way since")
+
+
+# ---------------------------------------------------------------------------
 # Cycles end to end
 # ---------------------------------------------------------------------------
 def _task_files(root) -> dict:
@@ -168,6 +209,20 @@ def test_cycles_train_register_skip_and_promote_only_if_better(run_root, capsys)
     page = (root / "cycles" / "0001" / "report" / "cycle_report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3 and "no champion yet" in page
     assert "baseline majority" in page  # the baselines, on the same test split
+    # Each step's log in the cycle's logs/steps/ and on its run; the console: a line per step
+    # start and end, and what the cycle decided (the stages' lines are in the steps' logs).
+    steps = root / "cycles" / "0001" / "logs" / "steps"
+    step_logs = ["evaluate.log", "finetune-topic.log", "pretrain.log", "promote.log"]
+    assert sorted(p.name for p in steps.iterdir()) == step_logs
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "logs")) == [
+        f"logs/{name}" for name in step_logs]
+    assert "registry: bert-cycle-topic v1: promoted to champion" in (
+        steps / "promote.log").read_text()
+    out = capsys.readouterr().out.splitlines()
+    assert "cycle 1: topic: v1 promoted to champion (no champion yet)" in out
+    assert [line.split(":")[0] for line in out if " started (log: " in line] == [
+        "pretrain", "finetune-topic", "evaluate", "promote"]
+    assert not [line for line in out if line.startswith(("MLflow run", "corpus:", "  model"))]
     first_seconds = time.time() - started
 
     # 2. No new text: exit 3, nothing trained, no MLflow run, no version.

@@ -23,12 +23,15 @@ import datetime
 import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
 from pipeline import artifacts
+
+log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -47,14 +50,6 @@ def incoming_files(patterns: str, base: Path) -> list[Path]:
                     and path.suffix not in (".tmp", ".part", ".partial")):
                 found.add(path.resolve())
     return sorted(found)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Cycles:
@@ -119,7 +114,7 @@ class Cycles:
             if now - stat.st_mtime < settle_seconds:
                 settling.append(str(path))
                 continue
-            digest = _sha256(path)
+            digest = artifacts.sha256_file(path)
             if digest in by_hash:
                 continue  # these contents were trained on (under this or another name)
             new.append({"path": str(path), "sha256": digest, "bytes": stat.st_size,
@@ -153,7 +148,7 @@ class Cycles:
         return record
 
     # -- closing --------------------------------------------------------------------------------
-    def close(self, record: dict, keep: int, log=print) -> None:
+    def close(self, record: dict, keep: int) -> None:
         """Marks `record` done, adds its files to the state, removes the oldest cycle folders
         beyond `keep` (their MLflow runs and registered models stay)."""
         state = self.state()
@@ -171,5 +166,5 @@ class Cycles:
         for number in done[:-keep] if keep < len(done) else []:
             folder = self.cycles_dir / f"{number:04d}"
             shutil.rmtree(folder, ignore_errors=True)
-            log(f"cycle: removed {folder} (cycle.keep_cycles = {keep}; its MLflow runs and "
+            log.info(f"cycle: removed {folder} (cycle.keep_cycles = {keep}; its MLflow runs and "
                 f"registered models stay)")
