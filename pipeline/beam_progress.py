@@ -93,11 +93,9 @@ class Watcher(threading.Thread):
         self.every, self.began, self.done = every(), time.monotonic(), threading.Event()
         self.said, self.shown, self.lines = self.began, (0, total_bytes), 0
         self._last_line = None  # (done, total) of the last plain line
-        self.bar = logs.progress_bar(max(total_bytes, 1), desc=desc, unit="B")
+        self.bar = logs.progress_bar(max(total_bytes, 1), desc=desc, unit="B", unit_scale=True)
         if self.bar is not None:
-            self.bar.unit_scale = True  # bytes, shown as kB / MB / GB
-            self.bar.refresh()
-            logs._STATE["bars"] += 1  # the heartbeat is quiet while a bar shows, as logs.Bar
+            logs.showing(+1)  # the heartbeat is quiet while a bar shows, as logs.Bar
 
     def look(self, last: bool = False) -> tuple[int, int]:
         """Reads the files once and moves the bar (or writes a line when one is due; `last`:
@@ -130,7 +128,7 @@ class Watcher(threading.Thread):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-            logs._STATE["bars"] -= 1
+            logs.showing(-1)
 
 
 @contextlib.contextmanager

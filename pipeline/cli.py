@@ -207,26 +207,32 @@ def _run(config, config_path, stages, force, paths, scheduled=False, options=Non
                                          f"stage.{stage}.link": tracking.run_link(
                                              marker.get("mlflow_run_id", ""))})
                     continue
-                if force and chief and SPECS[stage].fresh:  # e.g. old checkpoints set aside
-                    _call(SPECS[stage].fresh, config)
-                # An interrupted training continues the MLflow run it recorded (pretrain).
-                resume = _call(SPECS[stage].resumable, config) if SPECS[stage].resumable else ""
-                with (tracking.stage_run(stage, config, SPECS[stage].description,
-                                         tags=lineage.tags(stage, fp), resume_run_id=resume)
-                      if chief else contextlib.nullcontext()) as run, \
-                        logs.stage(stage, paths.logs_dir, _keep_log if chief else None):
-                    results[stage] = importlib.import_module(SPECS[stage].module).run(
-                        config, **(options or {}).get(stage, {}))
-                    # Inputs are hashed again after the run: the stage may have created them.
-                    fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
-                    if chief:
-                        outbox.set_tags(lineage.tags(stage, fp))
-                        # Checksums and marker before the run ends: a kill between the two
-                        # would leave a FINISHED run whose outputs the next invocation redoes.
-                        if SPECS[stage].checksums:
-                            artifacts.write_checksums(paths.output_dir(stage),
-                                                      SPECS[stage].checksums_skip)
-                        lineage.write_marker(stage, paths, fp, run.info.run_id)
+                # The stage's log opens first: what loading its libraries prints (TensorFlow's
+                # start-up lines) belongs to it. It is logged to the stage's MLflow run when
+                # it closes, with the stage's outcome (and the error, if it failed).
+                run_ids: list[str] = []
+                keep = (lambda path: run_ids and _keep_log(path, run_ids[0])) if chief else None
+                with logs.stage(stage, paths.logs_dir, keep):
+                    if force and chief and SPECS[stage].fresh:  # old checkpoints set aside
+                        _call(SPECS[stage].fresh, config)
+                    # An interrupted training continues the MLflow run it recorded (pretrain).
+                    resume = (_call(SPECS[stage].resumable, config) if SPECS[stage].resumable
+                              else "")
+                    with (tracking.stage_run(stage, config, SPECS[stage].description,
+                                             tags=lineage.tags(stage, fp), resume_run_id=resume)
+                          if chief else contextlib.nullcontext()) as run:
+                        run_ids.extend([run.info.run_id] if chief else [])
+                        results[stage] = _stage_run(stage, config, options)
+                        # Inputs are hashed again after the run: the stage may have created them.
+                        fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
+                        if chief:
+                            outbox.set_tags(lineage.tags(stage, fp))
+                            # Checksums and marker before the run ends: a kill between the two
+                            # would leave a FINISHED run whose outputs the next invocation redoes.
+                            if SPECS[stage].checksums:
+                                artifacts.write_checksums(paths.output_dir(stage),
+                                                          SPECS[stage].checksums_skip)
+                            lineage.write_marker(stage, paths, fp, run.info.run_id)
                 if chief:
                     outbox.set_tags({f"stage.{stage}": "ran",
                                      f"stage.{stage}.run_id": run.info.run_id})
@@ -278,14 +284,22 @@ def _failed(err: Exception, config, stage: str = "") -> int:
     return EXIT_FAILED
 
 
-def _keep_log(path: Path) -> None:
+def _stage_run(stage: str, config, options) -> dict:
+    """Imports the stage's module (within its log: TensorFlow's start-up lines go there) and
+    runs it; `options`: stage -> keyword arguments of its `run` (glue's --tasks)."""
+    return importlib.import_module(SPECS[stage].module).run(config,
+                                                            **(options or {}).get(stage, {}))
+
+
+def _keep_log(path: Path, run_id: str) -> None:
     """A stage's log file as an artifact of its MLflow run (its text goes through the outbox,
     so a tracking outage loses nothing; the last 8 MB of a larger one)."""
     from pipeline.tracking import outbox
 
     with open(path, "rb") as handle:
         handle.seek(max(0, os.path.getsize(path) - (8 << 20)))
-        outbox.log_text(handle.read().decode("utf-8", "replace"), f"logs/{path.name}")
+        outbox.log_text(handle.read().decode("utf-8", "replace"), f"logs/{path.name}",
+                        run_id=run_id)
 
 
 def _is_chief(config) -> bool:

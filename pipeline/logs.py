@@ -161,15 +161,13 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     to_console = _Current("stdout")
     to_console.setFormatter(_Console())
     to_console.addFilter(_NotFileOnly())
+    to_console.addFilter(_Said())  # (on the handler: a logger's filters miss its children's)
     others = _Current("stderr")  # what Python's last-resort handler printed
     others.setLevel(logging.INFO if verbose else logging.WARNING)
     others.addFilter(_NotOurs())
     if not verbose:
         others.addFilter(_NotBeamFailures())
     ours.setLevel(logging.INFO)
-    for old in [f for f in ours.filters if isinstance(f, _Said)]:
-        ours.removeFilter(old)
-    ours.addFilter(_Said())
     ours.addHandler(to_console)
     root.addHandler(to_file)
     root.addHandler(others)
@@ -288,7 +286,7 @@ def stage(name: str, logs_dir: Path, keep=None):
 
 
 def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step",
-                 leave: bool = True):
+                 leave: bool = True, unit_scale: bool = False):
     """A tqdm bar (ETA, rate; the caller adds loss and tokens/s) on stderr when stdout is a
     terminal; None otherwise (cron, CI, Kubernetes), where the callers print their plain
     periodic lines. BERT_PIPELINE_PROGRESS=bar or =plain chooses either way."""
@@ -306,9 +304,16 @@ def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step
         sized = os.get_terminal_size(console.fileno()).columns > 0
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         sized = False
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=console,
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale,
+                file=console,
                 dynamic_ncols=sized, ncols=None if sized else 100, mininterval=0.5,
                 smoothing=0.1, leave=leave)
+
+
+def showing(change: int) -> None:
+    """A progress bar appears (+1) or goes (-1): the heartbeat is quiet while one shows, and
+    the pipeline's lines are written above it."""
+    _STATE["bars"] += int(change)
 
 
 class Bar:
@@ -319,7 +324,7 @@ class Bar:
     def __init__(self, total: int, initial: int, desc: str, leave: bool = True):
         self.bar = progress_bar(total, initial, desc, leave=leave)
         self._drawn = 0.0
-        _STATE["bars"] += self.bar is not None
+        showing(self.bar is not None)
 
     @property
     def active(self) -> bool:
@@ -343,4 +348,4 @@ class Bar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-            _STATE["bars"] -= 1
+            showing(-1)

@@ -72,10 +72,8 @@ def test_the_console_is_quiet_and_the_stage_logs_are_full(tmp_path, corpus_dir):
         assert len(matching(re.compile(r"^INFO:apache_beam\.runners\.worker"), text)) >= 4
         assert matching(re.compile("Python sdk harness starting"), text)
         assert matching(re.compile("apitools not found"), text)
-    # TensorFlow's C++ start-up lines: in the pretrain stage's log or the invocation's (it
-    # loads while the pretrain stage's inputs are fingerprinted).
-    every_log = [line for path in logs.glob("*.log") for line in path.read_text().splitlines()]
-    assert matching(TF_CPP, every_log)
+    # TensorFlow's C++ start-up lines: in the log of the stage that loads it (pretrain).
+    assert matching(TF_CPP, (logs / "pretrain.log").read_text().splitlines())
     # What MLflow prints on sys.stderr itself while the encoder is registered.
     assert "Successfully registered model" in (logs / "pretrain.log").read_text()
 
@@ -178,6 +176,27 @@ def test_a_quiet_stage_says_it_is_running(monkeypatch, tmp_path, capsys):
     assert out[0].startswith("data: started") and out[-1].startswith("data: finished in")
     assert any(re.fullmatch(r"data: running, 0m 0[1-3]s", line) for line in out[1:-1]), out
     assert "data: running" in (tmp_path / "logs" / "data.log").read_text()
+
+
+def test_a_stage_that_speaks_gets_no_heartbeat(monkeypatch, tmp_path, capsys):
+    """Lines from any module's logger (children of "pipeline") count as speaking."""
+    import time
+
+    from pipeline import logs
+
+    monkeypatch.setenv("BERT_PIPELINE_HEARTBEAT", "1")
+    logs.setup(tmp_path / "run.log")
+    try:
+        with logs.stage("data", tmp_path / "logs"):
+            for i in range(10):
+                logging.getLogger("pipeline.stages.data").info(f"data: {i}")
+                time.sleep(0.25)
+    finally:
+        logging.captureWarnings(False)
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("data: ") and line[6:].isdigit()] == [
+        f"data: {i}" for i in range(10)]
+    assert not [line for line in out if "running" in line], out
 
 
 def test_bad_input_is_still_one_line_on_the_console(tmp_path):
