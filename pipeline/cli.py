@@ -187,7 +187,8 @@ def _run(config, config_path, stages, force, paths, scheduled=False, options=Non
             if parent is not None:
                 log.info(f"MLflow run {parent.info.run_id} ({tracking.tracking_uri(config)})")
             else:
-                log.info("not the chief worker: no run lock, no MLflow runs (the chief records them)")
+                log.info("not the chief worker: no run lock, no MLflow runs "
+                         "(the chief records them)")
             for stage in stages:
                 current[0] = stage
                 fp = lineage.fingerprint(stage, config, paths)
@@ -223,8 +224,9 @@ def _run(config, config_path, stages, force, paths, scheduled=False, options=Non
                           if chief else contextlib.nullcontext()) as run:
                         run_ids.extend([run.info.run_id] if chief else [])
                         results[stage] = _stage_run(stage, config, options)
-                        # Inputs are hashed again after the run: the stage may have created them.
-                        fp = lineage.fingerprint(stage, config, paths) if fp["key"] is None else fp
+                        # Inputs hashed again after the run: the stage may have created them.
+                        if fp["key"] is None:
+                            fp = lineage.fingerprint(stage, config, paths)
                         if chief:
                             outbox.set_tags(lineage.tags(stage, fp))
                             # Checksums and marker before the run ends: a kill between the two
