@@ -102,7 +102,11 @@ def main(argv=None) -> int:
     if not verbose:  # TensorFlow's start-up lines (oneDNN, CUDA probing) stay off the console
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv and argv[0] in TOOLS:
-        return _call(TOOLS[argv[0]], argv)
+        target = TOOLS[argv[0]]
+        # the cycle and the commands under pipeline/tools take -v themselves
+        if verbose and target.startswith(("pipeline.cycle:", "pipeline.tools.")):
+            argv = [*argv, "--verbose"]
+        return _call(target, argv)
     command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     parser = argparse.ArgumentParser(
         prog="bert-pipeline" if command == "bert-pipeline" else "python -m pipeline",

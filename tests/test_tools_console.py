@@ -69,3 +69,21 @@ def test_a_tool_says_its_status_on_stderr(tmp_path, capsys):
     assert out == ""
     outbox = tmp_path / "run" / "tracking" / "outbox.jsonl"
     assert err.splitlines() == [f"tracking-sync: nothing kept in {outbox}"]
+
+
+def test_the_cli_hands_verbose_to_the_tools(tmp_path, capsys):
+    """`python -m pipeline -v tracking-sync ...`: the CLI takes -v off its own arguments and
+    gives it to the tool (the cycle and the tools under pipeline/tools take it themselves)."""
+    from pipeline import cli
+
+    args = ["tracking-sync", "--config", "configs/test_tiny.yaml", f"run_dir={tmp_path / 'run'}"]
+    try:
+        for verbose in (False, True):
+            assert cli.main(["-v", *args] if verbose else args) == 0
+            library = logging.getLogger("somelib.x")
+            library.info("somelib: connected")
+            err = capsys.readouterr().err
+            assert ("somelib: connected" in err) is verbose, err
+    finally:
+        mlflow.set_tracking_uri(None)
+        tools.console(verbose=False)
