@@ -10,6 +10,7 @@ checks every logged step against the training's own log.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -80,6 +81,43 @@ def test_a_wrong_call_is_raised_not_kept(store):
     with pytest.raises(mlflow.exceptions.MlflowException):
         outbox.log_metrics({"loss": 1.0}, step=1, run_id="no-such-run")
     assert not outbox.is_down()
+
+
+def test_a_server_that_turns_the_user_away_mid_run_is_named_as_such(store, tmp_path, caplog,
+                                                                    monkeypatch):
+    """A server with accounts that answers 401 (a password changed mid-run): the calls are
+    kept, and the warning says the store refuses this user, not that it is down."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self):  # what MLflow's basic-auth app answers a wrong password
+            body = b"You are not authenticated. Please see docs."
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST
+
+        def log_message(self, *args):
+            pass
+
+    _, run = store
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    try:
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{server.server_address[1]}")
+        outbox.log_metrics({"loss": 2.0}, step=1, run_id=run)
+    finally:
+        server.shutdown()
+    assert outbox.is_down()
+    kept = (tmp_path / "run" / "tracking" / "outbox.jsonl").read_text().splitlines()
+    assert [json.loads(line)["op"] for line in kept] == ["batch"]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "refuses the calls of user 'alice' (HTTP 401)" in said[0], said
+    assert "MLFLOW_TRACKING_PASSWORD" in said[0] and "tracking-sync" in said[0]
 
 
 def test_the_end_of_a_run_is_kept_too(store, tmp_path):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -257,6 +258,15 @@ def _went_down(err: BaseException) -> None:
     if not _state.warned:
         _state.warned = True
         reason = str(err).splitlines()[0][:200]
+        refused = re.search(r"error code (401|403)\b", str(err))
+        if refused:  # a server with accounts (make server) turned this user away mid-run
+            log.warning(f"the tracking store {mlflow.get_tracking_uri()} refuses the calls of "
+                        f"user {os.environ.get('MLFLOW_TRACKING_USERNAME')!r} (HTTP "
+                        f"{refused.group(1)}); training goes on, and what it logs is kept in "
+                        f"{_state.path}: fix MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD "
+                        f"or the user's permissions (docs/team-server.md), then run python -m "
+                        f"pipeline tracking-sync --config ...")
+            return
         log.warning(f"the tracking store {mlflow.get_tracking_uri()} does not answer "
                     f"({reason}); training goes on, and what it logs is kept in {_state.path} "
                     f"and sent when the store answers again (or: python -m pipeline "
