@@ -338,6 +338,13 @@ class Bar:
             self._drawn = time.monotonic()
         self.bar.update(max(0, step - self.bar.n))
 
+    def expect(self, total: int) -> None:
+        """Where the bar now ends (a time budget that stops training before its last step):
+        its percentage and ETA follow; small changes are not redrawn."""
+        if self.bar is not None and abs(total - (self.bar.total or 0)) > 0.005 * total:
+            self.bar.total = max(total, self.bar.n)
+            self.bar.refresh()
+
     def line(self, text: str) -> None:
         if self.bar is None:
             logger().info(text)

@@ -137,6 +137,39 @@ def test_training_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypatc
     assert "step 2/4" in text and "step 4/4" in text
 
 
+def test_a_time_budget_sets_where_the_bar_ends_and_the_eta(monkeypatch, capsys, tmp_path):
+    """train.max_seconds stops a 100-step run early: the bar ends where the budget ends (not
+    at 20/100) and the plain lines say how long is left."""
+    import keras
+    import numpy as np
+
+    from pipeline import logs
+    from pipeline.training.callbacks import StepLogger
+
+    logs.setup(tmp_path / "run.log")
+    x = np.arange(120, dtype="float32").reshape(40, 3) / 10
+    try:
+        for mode in ("plain", "bar"):
+            monkeypatch.setenv("BERT_PIPELINE_PROGRESS", mode)
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            # the budget is spent: training ends at the step it has reached
+            logger = StepLogger(10, 100, batch_size=2, seq_length=8, to_mlflow=False,
+                                max_seconds=5.0, clock=lambda: 5.0)
+            with PipelineLines() as lines:
+                model.fit(x, x[:, :1], batch_size=2, epochs=1, callbacks=[logger], verbose=0)
+            err = capsys.readouterr().err
+            if mode == "plain":
+                assert [line.split()[:2] for line in lines] == [["step", "10/100"],
+                                                                ["step", "20/100"]]
+                assert all(line.endswith("eta 0m 00s") for line in lines), lines
+            else:
+                final = err.replace("\r", "\n").splitlines()[-1]
+                assert re.search(r"train: 100%.* 20/20 ", final), err
+    finally:
+        logging.captureWarnings(False)
+
+
 def test_finetuning_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypatch, capsys):
     import keras
     import numpy as np

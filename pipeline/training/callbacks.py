@@ -77,8 +77,12 @@ class StepLogger(keras.callbacks.Callback):
 
     def __init__(self, every: int, total_steps: int, batch_size: int, seq_length: int,
                  to_mlflow: bool = True, examples_per_update: int | None = None,
-                 flops_per_token: float = 0.0, peak_flops: float = 0.0):
+                 flops_per_token: float = 0.0, peak_flops: float = 0.0,
+                 max_seconds: float = 0.0, clock=None):
         super().__init__()
+        # train.max_seconds and the training clock (StopAt's): the ETA of a run that stops
+        # for time before its last step is that of the budget
+        self.max_seconds, self.clock = max_seconds, clock
         self.every, self.total, self.batch_size, self.seq_length = every, total_steps, batch_size, seq_length
         self.examples_per_update = examples_per_update or batch_size
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
@@ -96,6 +100,18 @@ class StepLogger(keras.callbacks.Callback):
         if self.bar is not None:
             self.bar.close()
 
+    def _left(self, step: int) -> tuple[float, int] | None:
+        """(seconds, the step training will end at): at the rate since `fit` began, capped by
+        the time budget; None before the first update."""
+        done, seconds = step - self.began[1], time.time() - self.began[0]
+        if done <= 0 or seconds <= 0:
+            return None
+        rate = done / seconds
+        left = (self.total - step) / rate
+        if self.max_seconds and self.clock is not None:
+            left = min(left, max(0.0, self.max_seconds - self.clock()))
+        return left, min(self.total, step + int(round(left * rate)))
+
     def _postfix(self, step: int, batch_logs) -> str:
         seconds = max(time.time() - self.began[0], 1e-9)
         tokens = (step - self.began[1]) * self.examples_per_update * self.seq_length / seconds
@@ -105,6 +121,8 @@ class StepLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = global_step(self.model)
         if self.bar is not None and self.bar.active and step != self.last_step:
+            if self.max_seconds and step % 10 == 0 and (left := self._left(step)):
+                self.bar.expect(left[1])
             self.bar.update(step, lambda: self._postfix(step, logs))
         if step == self.last_step or (step % self.every and step < self.total):
             return  # a micro-batch inside an update, or not a logging step
@@ -124,6 +142,8 @@ class StepLogger(keras.callbacks.Callback):
         if self.to_mlflow:
             outbox.log_metrics(metrics, step=step)  # kept if the tracking store is down
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
+        left = self._left(step) if step < self.total else None
+        eta = f"  eta {int(left[0]) // 60}m {int(left[0]) % 60:02d}s" if left else ""
         # no NSP accuracy without the NSP loss (train.nsp_weight 0, data.objective: mlm)
         nsp = f"nsp_acc {metrics['nsp_accuracy']:.3f}  " if "nsp_accuracy" in metrics else ""
         (self.bar.line if self.bar is not None else log.info)(
@@ -131,7 +151,7 @@ class StepLogger(keras.callbacks.Callback):
                  f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
                  f"lr {metrics['learning_rate']:.2e}  "
                  f"gnorm {metrics.get('grad_norm', float('nan')):.3g}  "
-                 f"{metrics['tokens_per_second']:,.0f} tok/s{mfu}")
+                 f"{metrics['tokens_per_second']:,.0f} tok/s{mfu}{eta}")
 
 
 class StopAt(keras.callbacks.Callback):

@@ -125,7 +125,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
     out_of_time = bool(tc.max_seconds) and seconds_before >= tc.max_seconds
     logger = StepLogger(tc.log_every, tc.steps, tc.batch_size, dc.max_seq_length,
                         to_mlflow=chief, examples_per_update=tc.batch_size * tc.grad_accum_steps,
-                        flops_per_token=per_token, peak_flops=peak)
+                        flops_per_token=per_token, peak_flops=peak,
+                        max_seconds=tc.max_seconds, clock=clock)
     guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
     schedule = learning_rate_schedule(optimizer)
     budget = ([ScheduleClock(schedule, clock)]
