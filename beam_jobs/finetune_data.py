@@ -11,6 +11,12 @@ pipeline/finetuning/records.py `RowEncoder`). Output, per split:
 <output_dir>/<split>-SSSSS-of-NNNNN.tfrecord, every record a tf.train.Example of one row (the
 workers write part files, merged into the shards at the end), and
 <output_dir>/<split>-count.json (rows, examples). Workers import no TensorFlow.
+
+Progress: with --progress_dir (only for workers on this machine: pipeline/finetuning/records.py
+passes it for `data_job.runs_locally` runners), each worker adds the bytes of the JSON lines it
+has encoded and written as `done` (beam_jobs/progress.py), one count per batch; the total is
+the input files' size, known before the job starts (every line's bytes and its line break).
+The outputs are the same bytes with or without it.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import shutil
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs import progress
 from beam_jobs.example_encoder import encode_features
-from beam_jobs.runners import pipeline_options, release
+from beam_jobs.runners import absolute, pipeline_options, release
+from beam_jobs.settings import ProgressSettings, add_flags
 from beam_jobs.transforms import tfrecord_frame
 
 _LOGGER = logging.getLogger(__name__)
@@ -37,13 +45,17 @@ class EncodeAndWrite(beam.DoFn):
     """A batch of JSON lines -> their records, written straight to a part file named by the
     batch's first example (<output_dir>/<split>-part-<index>.tfrecord, written aside and
     renamed: a retried bundle writes the same file again); emits (path, examples, rows).
-    Nothing but counts leaves the worker, so no runner holds a split's records in memory."""
+    Nothing but counts leaves the worker, so no runner holds a split's records in memory.
+    With `progress_dir`, tells beam_jobs/progress.py the batch's input bytes as `done` once
+    its part file is in place."""
 
-    def __init__(self, encoder, output_dir: str, split: str):
+    def __init__(self, encoder, output_dir: str, split: str, progress_dir: str = ""):
         self._encoder, self._output_dir, self._split = encoder, output_dir, split
+        self._progress_dir = progress_dir
 
     def setup(self):
         self._encoder.setup()
+        self._reporter = progress.reporter(self._progress_dir)
 
     def process(self, lines):
         examples = [json.loads(line) for line in lines]
@@ -55,6 +67,9 @@ class EncodeAndWrite(beam.DoFn):
             for row in rows:
                 handle.write(tfrecord_frame(encode_features(row)))
         FileSystems.rename([aside], [final])
+        if self._reporter is not None:  # the lines' bytes in the input file, breaks included
+            self._reporter.add(done=sum(len(line.encode("utf-8")) + 1 for line in lines))
+            self._reporter.flush()
         yield final, len(examples), len(rows)
 
 
@@ -88,7 +103,11 @@ def parse_args(argv=None):
     parser.add_argument("--splits", required=True,
                         help="comma-separated split:shards, e.g. train:4,validation:1,test:1 "
                              "(shards 0: the runner chooses)")
-    return parser.parse_known_args(argv)
+    # --progress_dir: the one declaration of the jobs' progress flag, beam_jobs/settings.py.
+    add_flags(parser, ProgressSettings)
+    args, beam_args = parser.parse_known_args(argv)
+    args.progress_dir = absolute(args.progress_dir)
+    return args, beam_args
 
 
 def split_shards(value: str) -> dict[str, int]:
@@ -109,7 +128,7 @@ def build_pipeline(pipeline, args, encoder):
             | f"Batch[{split}]" >> beam.BatchElements(min_batch_size=ENCODE_BATCH,
                                                       max_batch_size=ENCODE_BATCH)
             | f"EncodeAndWrite[{split}]" >> beam.ParDo(
-                EncodeAndWrite(encoder, args.output_dir, split))
+                EncodeAndWrite(encoder, args.output_dir, split, args.progress_dir))
             | f"Counts[{split}]" >> beam.Map(lambda part: (part[1], part[2]))
             | f"Sum[{split}]" >> beam.CombineGlobally(
                 lambda pairs: [sum(p[0] for p in pairs), sum(p[1] for p in pairs)])

@@ -14,7 +14,8 @@ The counts (all bytes of the input text, for the launcher's bar or lines):
 
     read     input bytes read (every file's bytes once the reading is complete)
     total    the bytes of the documents found while reading (the data job: what `done` ends at)
-    done     the bytes of the documents processed (the data job's CreateInstances)
+    done     the bytes of the documents processed (the data job's CreateInstances); the
+             fine-tuning features job: the bytes of the examples (JSON lines) encoded
 
 Pure Python (no Beam, no TensorFlow): the workers and the pipeline import it at no cost.
 

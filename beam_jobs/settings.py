@@ -118,12 +118,13 @@ class DataSettings:
 @dataclasses.dataclass
 class ProgressSettings:
     """The jobs' progress flag (beam_jobs/progress.py), no config key: the vocab and data
-    stages pass it when the job's workers run on this machine (pipeline/beam_progress.py)."""
+    stages and fine-tuning's features (pipeline/finetuning/records.py) pass it when the job's
+    workers run on this machine (pipeline/beam_progress.py)."""
 
-    progress_dir: str = setting("", "a local folder where the workers write how much text they "
-                                    "have read (for the launcher's progress bar); only for "
-                                    "workers on this machine; the outputs are the same with or "
-                                    "without it; empty: none")
+    progress_dir: str = setting("", "a local folder where the workers write how much of their "
+                                    "input they have done (for the launcher's progress bar); "
+                                    "only for workers on this machine; the outputs are the "
+                                    "same with or without it; empty: none")
 
 
 def flag_of(cls, name: str) -> str:

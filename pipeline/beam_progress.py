@@ -1,4 +1,5 @@
-"""The progress of a Beam job that the vocab or data stage runs on this machine: a progress bar
+"""The progress of a Beam job that the vocab or data stage (or fine-tuning's features,
+pipeline/finetuning/records.py) runs on this machine: a progress bar
 (text done, MB/s, ETA) on a terminal, a plain line now and then otherwise (cron, CI, Kubernetes).
 
 `watch(desc, total_bytes, local)` wraps the job's call: with `local` (the workers are threads or
@@ -19,7 +20,8 @@ Flink, Spark, Dask) it yields None: the job gets no flag and the heartbeat speak
 What is counted (bytes of the corpus text): the vocab job's words counted, `measure="read"`
 (the total known up front: the corpus bytes); the data job's documents turned into instances,
 `measure="done"` (the total: the corpus bytes until the reading is complete, then the bytes of
-the documents found, what `done` ends at).
+the documents found, what `done` ends at); the fine-tuning features job's examples encoded,
+`measure="done"` (the total: the bytes of its JSON-lines input, known up front).
 """
 
 from __future__ import annotations

@@ -123,8 +123,11 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool)
     """{split: RecordSplit} of every split of `data`: the features folder of this key,
     written now by the Beam job if there is none (or its checksums fail), else reused. The
     job runs with the data stage's runner options (data.beam_args; data.workers processes
-    on a direct runner, by the examples' size)."""
+    on a direct runner, by the examples' size); while its workers run on this machine
+    (`data_job.runs_locally`), a progress bar or plain lines say how much of the examples'
+    bytes they have encoded (pipeline/beam_progress.py)."""
     from beam_jobs import finetune_data
+    from pipeline import beam_progress
     from pipeline.config import data_job
 
     fc = config.finetune
@@ -137,8 +140,8 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool)
         for split, examples in splits.items():  # the raw examples, one JSON line each
             files[split] = staging / f"{split}.jsonl"
             with open(files[split], "w", encoding="utf-8") as handle:
-                for i, example in enumerate(examples):
-                    handle.write(example_json(i, example) + "\n")
+                handle.writelines(example_json(i, example) + "\n"
+                                  for i, example in enumerate(examples))
         settings = feature_settings(fc, data.labels, data.pair)
         key = features_key(task.name, settings, vocab_path, lowercase, files)
         folder = paths.root / "finetune_features" / key
@@ -147,12 +150,17 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool)
                      f"examples)")
             return open_splits(folder, task, splits)
         encoder = RowEncoder(task.name, fc, vocab, lowercase, data.labels, data.pair)
-        beam_args = data_job.beam_args(config, sum(p.stat().st_size for p in files.values()))
+        size = sum(p.stat().st_size for p in files.values())
+        beam_args = data_job.beam_args(config, size)
         with artifacts.atomic_dir(folder) as tmp:
-            counts = finetune_data.run([
-                "--input_dir", str(staging), "--output_dir", str(tmp), "--splits",
-                ",".join(f"{split}:{shards(len(examples)) if split == 'train' else 1}"
-                         for split, examples in splits.items()), *beam_args], encoder=encoder)
+            # The bytes of the JSON lines encoded, against their files' size (known now).
+            with beam_progress.watch("finetune: encoding features", size,
+                                     data_job.runs_locally(config), measure="done") as told:
+                counts = finetune_data.run([
+                    "--input_dir", str(staging), "--output_dir", str(tmp), "--splits",
+                    ",".join(f"{split}:{shards(len(examples)) if split == 'train' else 1}"
+                             for split, examples in splits.items()),
+                    *data_job.progress_args(told), *beam_args], encoder=encoder)
             for split in splits:
                 (tmp / f"{split}-count.json").unlink()
             probe, inputs = encoder.row_arrays([json.loads(example_json(0, splits["train"][0]))])
