@@ -175,6 +175,34 @@ def test_bad_glue_dir_or_task_names_exit_2(tmp_path, encoder_files):
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
     code, err = run_cli("finetune", "--tasks", "cola")
     assert code == 2 and "--tasks" in err
+    # Registering needs the SavedModel that finetune.export = false does not write: refused
+    # before anything trains.
+    write_glue(tmp_path / "full", rng, n_train=6, n_dev=3, n_test=2)
+    code, err = run_cli(*cli_args(tmp_path, encoder_files, tmp_path / "full", "--tasks", "cola",
+                                  "finetune.register_model=true"))
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "finetune.export=true" in lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "run" / "finetune" / "glue_cola").exists()
+
+
+def test_export_switch_writes_the_saved_model_or_not(tmp_path, encoder_files):
+    """finetune.export = true (the finetune stage's default): the raw-text SavedModel, checked
+    against the in-memory model; false (configs/glue.yaml): none, and the submission file all
+    the same (predicted from model.keras)."""
+    counts = write_glue(tmp_path / "glue_data", random.Random(2), n_train=8, n_dev=4, n_test=3)
+    for export in ("true", "false"):
+        run = tmp_path / f"export_{export}"
+        code, err = run_cli(*cli_args(run, encoder_files, tmp_path / "glue_data", "--tasks",
+                                      "sst-2", f"finetune.export={export}"))
+        assert code == 0, err
+        model_dir = run / "run" / "finetune" / "glue_sst-2"
+        assert (model_dir / "model.keras").is_file()
+        assert (model_dir / "saved_model").is_dir() == (export == "true")
+        assert ("export_max_abs_diff" in json.loads((model_dir / "metrics.json").read_text())) \
+            == (export == "true")
+        lines = (run / "run" / "glue" / "submission" / "SST-2.tsv").read_text().splitlines()
+        assert lines[0] == "index\tprediction" and len(lines) == counts["SST-2.tsv"] + 1
+        assert {ln.split("\t")[1] for ln in lines[1:]} <= {"0", "1"}
 
 
 def test_test_file_reader_and_submission_text(tmp_path):
@@ -206,8 +234,10 @@ def test_make_glue_every_task_end_to_end(tmp_path, encoder_files):
         for name, _, metrics in glue.ENTRIES[task]:
             assert set(record["entries"][name]) == set(metrics)
         assert record["steps"] == (0 if task == "wnli" else 2), task  # max_steps
-        assert (tmp_path / "run" / "finetune" / f"glue_{task}" / "model.keras").exists() or \
-            task == "wnli"
+        model_dir = tmp_path / "run" / "finetune" / f"glue_{task}"
+        assert (model_dir / "model.keras").exists() or task == "wnli"
+        # configs/glue.yaml: finetune.export = false, the test files predicted from model.keras
+        assert not (model_dir / "saved_model").exists(), task
     # The averages of results.json are those of its own entries.
     entries = {n: v for r in results["tasks"].values() for n, v in r["entries"].items()}
     assert results["glue_score"]["score"] == pytest.approx(glue.glue_score(entries)["score"])

@@ -370,6 +370,9 @@ class FinetuneConfig:
     random_init_baseline: bool = key(True, "with baselines: also this architecture from random "
                                            "initialisation, same budget (what pretraining "
                                            "bought; doubles the time)")
+    export: bool = key(True, "write the raw-text SavedModel (saved_model/), checked against the "
+                             "in-memory model; false: model.keras only, no serving or "
+                             "registration (the glue stage predicts from model.keras)")
     register_model: bool = key(True, "log the raw-text SavedModel to MLflow as a model and "
                                      "register it (the files are written either way)")
     registered_model: str = key("", "its registry name; empty: bert-<name>, _ as -")

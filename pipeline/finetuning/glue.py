@@ -240,12 +240,15 @@ def check_labels(task: str, labels) -> None:
                         f"{sorted(expected)}; fine-tune it with finetune.labels left empty")
 
 
-def predictor(model_dir, task: str, chunk: int = 8192):
+def predictor(model_dir, task: str, chunk: int = 8192, batch_size: int = 128):
     """A fine-tuned model folder (loaded once) as a function: examples -> submission values,
-    label names or the score clipped to the task's range (STS-B: [0, 5]), three decimals."""
+    label names or the score clipped to the task's range (STS-B: [0, 5]), three decimals.
+    The features come from the pure-Python preprocessor, as the training features did (the
+    Beam job's; the same ids as the in-graph one, tests/test_finetune_records.py): the
+    in-graph one traces its tokenizer graph again for every model, about a second each."""
     import models
-    from models.preprocessor import TextPreprocessor
     from pipeline.finetuning import tasks
+    from pipeline.text.packing import PythonPreprocessor
     from pipeline.text.vocab import read_vocab
 
     paths = artifacts.FinetuneArtifacts(model_dir)
@@ -254,8 +257,8 @@ def predictor(model_dir, task: str, chunk: int = 8192):
     if kind.label_set:
         check_labels(task, info["labels"])
     model = models.load_keras(paths.model_keras, compile=False)
-    pre = TextPreprocessor(read_vocab(paths.vocab_file), info["lowercase"],
-                           info["max_seq_length"])
+    pre = PythonPreprocessor(read_vocab(paths.vocab_file), info["lowercase"],
+                             info["max_seq_length"])
 
     def predict(examples: list) -> list[str]:
         parts = []
@@ -263,7 +266,12 @@ def predictor(model_dir, task: str, chunk: int = 8192):
             part = examples[start:start + chunk]
             x = pre.features([e.text for e in part],
                              [e.text_pair or "" for e in part] if info["pair"] else None)
-            parts.append(np.asarray(model.predict(x, batch_size=128, verbose=0)[kind.output]))
+            # Called eagerly a batch at a time: `model.predict` traces a graph for each model
+            # and each new batch shape (a test file's last batch), a second or more each on a
+            # CPU, where the eager batches cost little next to the model's own arithmetic.
+            for first in range(0, len(part), batch_size):
+                batch = {k: v[first:first + batch_size] for k, v in x.items()}
+                parts.append(np.asarray(model(batch, training=False)[kind.output], np.float32))
         y = np.concatenate(parts)
         if kind.label_set:
             return [info["labels"][i] for i in y.argmax(-1)]

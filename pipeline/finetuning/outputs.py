@@ -1,6 +1,6 @@
 """What a fine-tuning run leaves: <run_dir>/finetune/<name>/ written whole (model, raw-text
-SavedModel checked against the in-memory model, metrics, splits, predictions), logged to
-MLflow and registered.
+SavedModel checked against the in-memory model unless `finetune.export` is false, metrics,
+splits, predictions), logged to MLflow and registered.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
 
     fc = config.finetune
     task = tasks.get(fc.task, fc)
+    exported = task.serving and fc.export
     info = task_info(config, data, lowercase, resolve_init(config)[0])
     with artifacts.atomic_dir(paths.dir) as tmp:
         out = artifacts.FinetuneArtifacts(tmp)
@@ -71,7 +72,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         out.task_json.write_text(json.dumps(info, indent=2))
         out.splits.write_text(json.dumps(data.splits, indent=2))
         out.config.write_text(config_lib.dump_yaml(config))
-        if task.serving:  # the raw-text SavedModel, checked against the in-memory model
+        if exported:  # the raw-text SavedModel, checked against the in-memory model
             task.export(encoder, pre, out.saved_model, data.labels, info["pair"], info)
             results.update(task.check_export(out.saved_model, encoder, pre, data, info))
         task.test_artifacts(results, predictions, data, out, output_name(fc))
@@ -98,7 +99,10 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         if path.exists():
             outbox.log_artifact(path, "finetune")
     outbox.log_artifact(paths.model_keras, "finetune")
-    if task.serving and fc.register_model and outbox.is_down():
+    if task.serving and fc.register_model and not exported:
+        log.warning(f"finetune: finetune.export = false wrote no SavedModel in {paths.dir}, so "
+                    f"nothing is registered; run again with finetune.export=true to register")
+    elif task.serving and fc.register_model and outbox.is_down():
         log.warning(f"finetune: the tracking store is down, so the model in {paths.dir} is not "
                     f"registered; register it later by running the stage again with --force")
     elif task.serving and fc.register_model:

@@ -15,8 +15,8 @@ Reads top to bottom:
      test split (majority class, bag-of-words logistic regression; per task), a
      confusion-matrix PNG;
   6. with `write_outputs`: <run_dir>/finetune/<name>/ written whole (model.keras, raw-text
-     SavedModel, metrics, splits, ...), logged to MLflow; the SavedModel logged as a pyfunc
-     model and registered (pipeline/finetuning/outputs.py).
+     SavedModel unless `finetune.export` is false, metrics, splits, ...), logged to MLflow;
+     the SavedModel logged as a pyfunc model and registered (pipeline/finetuning/outputs.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import keras
 import mlflow
 import numpy as np
 
+from models import preprocessor
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
@@ -42,7 +43,6 @@ from pipeline.finetuning.task_model import (
     output_name,
     resolve_init,
 )
-from models import preprocessor
 from pipeline.text import vocab as vocab_lib
 from pipeline.training.callbacks import StopAt
 
@@ -58,6 +58,10 @@ def fine_tune(config: Config, write_outputs: bool = True) -> dict:
 
     fc = config.finetune
     task = tasks.get(fc.task, fc)
+    if write_outputs and task.serving and fc.register_model and not fc.export:
+        raise FinetuneError("finetune.register_model = true registers the raw-text SavedModel, "
+                            "which finetune.export = false does not write; set "
+                            "finetune.export=true or finetune.register_model=false")
     started = time.time()
     for warning in config_lib.finetune_warnings(config):
         log.info(f"finetune: warning: {warning}")
