@@ -169,15 +169,12 @@ def test_champion_moves_only_to_a_better_model_on_the_same_split(tmp_path):
     client.create_registered_model("clf")
     versions = [client.create_model_version("clf", f"file://{tmp_path}/m{i}").version
                 for i in range(4)]
-    log = []
-    assert tracking.promote_if_better("clf", versions[0], "accuracy", 0.70, "split-a", log=log.append)
-    assert not tracking.promote_if_better("clf", versions[1], "accuracy", 0.65, "split-a",
-                                          log=log.append)
+    assert tracking.promote_if_better("clf", versions[0], "accuracy", 0.70, "split-a")
+    assert not tracking.promote_if_better("clf", versions[1], "accuracy", 0.65, "split-a")
     assert client.get_model_version_by_alias("clf", "champion").version == versions[0]
-    assert tracking.promote_if_better("clf", versions[2], "accuracy", 0.80, "split-a", log=log.append)
+    assert tracking.promote_if_better("clf", versions[2], "accuracy", 0.80, "split-a")
     # A better score on another split is not comparable: no promotion.
-    assert not tracking.promote_if_better("clf", versions[3], "accuracy", 0.99, "split-b",
-                                          log=log.append)
+    assert not tracking.promote_if_better("clf", versions[3], "accuracy", 0.99, "split-b")
     assert client.get_model_version_by_alias("clf", "champion").version == versions[2]
     reason = client.get_model_version("clf", versions[1]).tags["promotion"]
     assert "does not beat" in reason and "0.7000" in reason
@@ -186,8 +183,8 @@ def test_champion_moves_only_to_a_better_model_on_the_same_split(tmp_path):
     client.create_registered_model("reg")
     a = client.create_model_version("reg", f"file://{tmp_path}/r0").version
     b = client.create_model_version("reg", f"file://{tmp_path}/r1").version
-    assert tracking.promote_if_better("reg", a, "loss", 0.5, "s", higher_is_better=False, log=log.append)
-    assert tracking.promote_if_better("reg", b, "loss", 0.4, "s", higher_is_better=False, log=log.append)
+    assert tracking.promote_if_better("reg", a, "loss", 0.5, "s", higher_is_better=False)
+    assert tracking.promote_if_better("reg", b, "loss", 0.4, "s", higher_is_better=False)
 
 
 def test_a_new_sqlite_store_is_made_aside(tmp_path):
