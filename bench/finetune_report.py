@@ -1,0 +1,222 @@
+"""The report of the fine-tuning race (bench/bench_finetune.py; bench/bench_checkpoint.py prints
+its contenders and quality tables too): the same-work comparison of both runs, where the time
+goes (cut at the same steps), our memory by part of the run, the test-set quality (macro-F1,
+a paired bootstrap of the gap), the goals met or missed, and result.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+GOALS = {"speed": 1.5, "metric": 0.01, "memory": 1.15}
+RSS_EVERY = 0.25  # seconds between samples of our stage's RSS (bench_finetune.sample_rss)
+# The parts of our stage's run, cut at its log lines (bench_finetune.MARKS): memory by part.
+PHASES = (("start-up", None, "data"), ("encoder, features", "data", "built"),
+          ("steps + validation", "built", "epoch"), ("test", "epoch", "test"),
+          ("export", "test", "wrote"))
+
+
+def fit_segments(ours: dict, peer: dict):
+    """The headline seconds of both cut at the same steps a and b, our first and last progress
+    lines: {"ours"/"transformers": [set-up + steps 1..a, steps a+1..b, the rest + validation]},
+    plus a, b; None without two of our progress lines."""
+    progress = ours["marks"]["progress"]
+    steps = sorted(progress)
+    if len(steps) < 2 or steps[-1] > len(peer["step_ends"]):
+        return None
+    a, b = steps[0], steps[-1]
+    ends, start = peer["step_ends"], peer["train_call"]
+    return {"a": a, "b": b,
+            "ours": [progress[a] - ours["marks"]["built"], progress[b] - progress[a],
+                     ours["marks"]["epoch"] - progress[b]],
+            "transformers": [ends[a - 1] - start, ends[b - 1] - ends[a - 1],
+                             start + peer["times"]["train"] - ends[b - 1]]}
+
+
+def our_parts(ours: dict, counts: dict) -> dict:
+    """Our stage's wall time cut at its log lines; the validation pass estimated from the
+    test pass (the same evaluation code on a split of similar size)."""
+    m = ours["marks"]
+    parts = {}
+    if {"data", "built", "epoch", "test", "wrote"} <= set(m):
+        test = m["test"] - m["epoch"]
+        parts = {"start-up (imports, MLflow run, read files)": m["data"],
+                 "encoder load, features, compile": m["built"] - m["data"],
+                 "steps + validation": m["epoch"] - m["built"],
+                 "test predictions + metrics": test,
+                 "export (model.keras, SavedModel), write": m["wrote"] - m["test"],
+                 "exit": ours["wall"] - m["wrote"]}
+        parts["validation (estimate)"] = test * counts["validation"] / counts["test"] \
+            * m["epochs"]
+    return parts
+
+
+def print_contenders(args, counts: dict, ours: dict, peer: dict) -> dict:
+    examples = args.steps * args.batch_size
+    ours_eps, peer_eps = examples / ours["fit"], examples / peer["times"]["train"]
+    print(f"\nsame work: {args.steps} steps x batch {args.batch_size} = {examples:,} training "
+          f"examples + {ours['marks'].get('epochs', '?')} (ours) / {len(peer['evaluations'])} "
+          f"(theirs) end-of-epoch validation pass(es) on {counts['validation']:,} rows")
+    print(f"{'':14}{'examples/s':>11}{'seconds':>9}{'test macro-F1':>15}{'accuracy':>10}"
+          f"{'peak RSS':>11}{'process':>9}{'CPU':>8}{'load':>11}")
+    for name, eps, side in (("ours", ours_eps, ours), ("transformers", peer_eps, peer)):
+        fit = side["fit"] if side is ours else side["times"]["train"]
+        print(f"{name:14}{eps:11.1f}{fit:9.1f}{side['macro_f1']:15.4f}{side['accuracy']:10.4f}"
+              f"{side['peak_rss_mib']:7.0f} MiB{side['wall']:8.0f} s{side['cpu_s']:6.0f} s"
+              f"{side['load'][0]:5.1f}-{side['load'][1]:.1f}")
+    print("  seconds: steps + validation, from just before training to the last epoch's "
+          "validation end; process: the whole child process (wall; CPU = user + system); load: "
+          "the machine's 1-minute load average at its start and end (other users' work)")
+    if ours["selection_metric"] not in (None, "accuracy") and len(peer["evaluations"]) > 1:
+        print(f"  note: our stage kept its best epoch by {ours['selection_metric']}, the peer by "
+              f"accuracy")
+    return {"ours_eps": ours_eps, "peer_eps": peer_eps, "ratio": ours_eps / peer_eps}
+
+
+def print_breakdown(args, counts: dict, ours: dict, peer: dict) -> dict:
+    """Where each side's time goes, from the timings measured above."""
+    parts, segments = our_parts(ours, counts), fit_segments(ours, peer)
+    out = {"parts": parts, "segments": segments}
+    t = peer["times"]
+    print("\nwhere the time goes (seconds):")
+    if parts:
+        estimate = parts.pop("validation (estimate)")
+        print("  ours:         " + "; ".join(f"{k} {v:.1f}" for k, v in parts.items()) +
+              f"; process {ours['wall']:.1f}")
+    print(f"  transformers: imports {t['imports']:.1f}; tokenize {t['tokenize']:.1f}; load "
+          f"{t['load']:.1f}; steps + validation {t['train']:.1f} (validation "
+          f"{peer['eval_seconds']:.1f}); test {t['test']:.1f}; process {peer['wall']:.1f}; "
+          f"torch threads {peer['threads']}")
+    if segments:
+        print_segments(args, segments)
+    if parts:
+        measured = segments and segments["b"] == args.steps  # our last line: the last step
+        validation = segments["ours"][2] if measured else estimate
+        how = "after its last step (measured)" if measured else "estimated from its test pass"
+        examples, ours_steps = args.steps * args.batch_size, ours["fit"] - validation
+        peer_steps = t["train"] - peer["eval_seconds"]
+        print(f"  steps only: ours {examples / ours_steps:.1f} examples/s (validation "
+              f"{validation:.1f} s {how}), transformers {examples / peer_steps:.1f} (validation "
+              f"{peer['eval_seconds']:.1f} s, measured): ratio {peer_steps / ours_steps:.2f}")
+        print(f"  evaluation: ours {counts['test'] / parts['test predictions + metrics']:.0f} "
+              f"rows/s (test pass), transformers "
+              f"{counts['validation'] / max(peer['eval_seconds'], 1e-9):.0f} (validation) and "
+              f"{counts['test'] / t['test']:.0f} (test)")
+    return out
+
+
+def print_segments(args, segments: dict) -> None:
+    """The headline seconds of both, cut at the same steps, and the steady time per step."""
+    a, b = segments["a"], segments["b"]
+    rest = "validation" if b == args.steps else f"steps {b + 1}-{args.steps} + validation"
+    print(f"  {'headline seconds':16}{'set-up + steps 1-' + str(a):>24}"
+          f"{'steps ' + str(a + 1) + '-' + str(b):>16}{rest:>28}{'total':>8}")
+    for name in ("ours", "transformers"):
+        row = segments[name]
+        print(f"  {name:16}{row[0]:24.1f}{row[1]:16.1f}{row[2]:28.1f}{sum(row):8.1f}")
+    mine, theirs = segments["ours"][1] / (b - a), segments["transformers"][1] / (b - a)
+    print(f"  steady steps: ours {mine * 1000:.0f} ms/step, transformers {theirs * 1000:.0f} "
+          f"ms/step (ratio {theirs / mine:.2f})")
+
+
+def print_memory(args, counts: dict, ours1: dict, ours_big: dict) -> float:
+    """Our peak RSS at 1x and at `copies`x the training rows, and in which part it grows."""
+    growth = ours_big["peak_rss_mib"] / ours1["peak_rss_mib"]
+    big = f"{args.copies}x ({counts['train_big']:,} rows)"
+    print(f"\nmemory (ours, the stage's process, same steps; peak: wait4's ru_maxrss, by part: "
+          f"the largest of the RSS samples every {RSS_EVERY} s)")
+    print(f"  {'MiB':24}{'1x (' + format(counts['train'], ',') + ' rows)':>20}{big:>22}")
+    for name, _, _ in PHASES:
+        one, many = ours1["rss_by_phase"].get(name), ours_big["rss_by_phase"].get(name)
+        if one is not None and many is not None:
+            print(f"  {name:24}{one:20.0f}{many:22.0f}   x{many / one:.2f}")
+    print(f"  {'peak':24}{ours1['peak_rss_mib']:20.0f}{ours_big['peak_rss_mib']:22.0f}   "
+          f"x{growth:.2f} (memory-growth)")
+    added = counts["train_big"] - counts["train"]
+    features = 3 * 4 * args.seq_len  # token_ids, segment_ids, padding_mask: int32 x seq
+    part = "steps + validation"
+    if added > 0 and part in ours1["rss_by_phase"] and part in ours_big["rss_by_phase"]:
+        delta = (ours_big["rss_by_phase"][part] - ours1["rss_by_phase"][part]) * 2 ** 20
+        print(f"  while training: {delta / added:,.0f} bytes more per added training row (its "
+              f"int32 features alone: {features:,} bytes; the texts come on top)")
+    return growth
+
+
+def macro_f1(gold: list, predicted: list, labels: list) -> float:
+    """sklearn's f1_score(average="macro", labels=labels, zero_division=0), in plain Python."""
+    pairs, scores = Counter(zip(gold, predicted)), []
+    for label in labels:
+        wanted = sum(n for (g, _), n in pairs.items() if g == label)
+        given = sum(n for (_, p), n in pairs.items() if p == label)
+        scores.append(2 * pairs[label, label] / (wanted + given) if wanted + given else 0.0)
+    return sum(scores) / len(scores)
+
+
+def paired_bootstrap(gold: list, ours: list, theirs: list, labels: list, rounds: int = 500,
+                     seed: int = 0) -> tuple[float, float]:
+    """The 2.5% and 97.5% points of macro-F1(ours) - macro-F1(theirs) over test sets resampled
+    with replacement (the same rows for both): how much the test sample alone moves the gap."""
+    rng, n, diffs = random.Random(seed), len(gold), []
+    for _ in range(rounds):
+        rows = [rng.randrange(n) for _ in range(n)]
+        truth = [gold[i] for i in rows]
+        diffs.append(macro_f1(truth, [ours[i] for i in rows], labels)
+                     - macro_f1(truth, [theirs[i] for i in rows], labels))
+    diffs.sort()
+    return diffs[int(0.025 * rounds)], diffs[int(0.975 * rounds) - 1]
+
+
+def print_quality(labels: list, test_rows: list, ours: dict, peer: dict) -> None:
+    gold = [label for _, label in test_rows]
+    low, high = paired_bootstrap(gold, ours["predicted"], peer["predicted"], labels)
+    agree = sum(a == b for a, b in zip(ours["predicted"], peer["predicted"])) / len(gold)
+    print(f"\nquality: test macro-F1 ours {ours['macro_f1']:.4f}, transformers "
+          f"{peer['macro_f1']:.4f} (accuracy {ours['accuracy']:.4f} vs "
+          f"{peer['accuracy']:.4f}); validation macro-F1 {ours['validation_macro_f1']:.4f} vs "
+          f"{peer['validation_macro_f1']:.4f}")
+    print(f"  the two predict the same label on {agree:.1%} of the test rows; resampling the "
+          f"test rows (paired bootstrap) puts ours - theirs in [{low:+.4f}, {high:+.4f}] (95%)")
+    for name, side in (("ours", ours), ("transformers", peer)):
+        f1 = {label: macro_f1(gold, side["predicted"], [label]) for label in labels}
+        print(f"  per-class F1, {name}: " + "  ".join(f"{k} {v:.3f}" for k, v in f1.items()))
+
+
+def print_goals(args, ratio: float, diff: float, growth: float, breakdown: dict) -> None:
+    verdict = lambda ok: "met" if ok else "MISSED"
+    print(f"\ngoals: speed-ratio {ratio:.2f} >= {GOALS['speed']} "
+          f"{verdict(ratio >= GOALS['speed'])}; |metric diff| {diff:.4f} <= {GOALS['metric']} "
+          f"{verdict(diff <= GOALS['metric'])}; memory-growth {growth:.2f} <= {GOALS['memory']} "
+          f"{verdict(growth <= GOALS['memory'])}")
+    if ratio < GOALS["speed"] and breakdown["segments"]:
+        seg = breakdown["segments"]
+        gaps = [o - t for o, t in zip(seg["ours"], seg["transformers"])]
+        print(f"  speed: of our {sum(gaps):+.1f} s against theirs, {gaps[0]:+.1f} s are set-up "
+              f"and steps 1-{seg['a']} (our graph tracing and tf.data set-up among them), "
+              f"{gaps[1]:+.1f} s the steady steps {seg['a'] + 1}-{seg['b']} and {gaps[2]:+.1f} s "
+              f"the validation pass and any steps after {seg['b']} (see 'evaluation' for the "
+              f"rates)")
+    if diff > GOALS["metric"]:
+        print("  metric: one training run each (their dropout masks, batch order and head "
+              "initialisation differ); 'quality' above shows how much of the gap the test sample "
+              "alone explains (bootstrap), the accuracies and which classes differ; other "
+              "--seed values show how far each side moves from run to run")
+
+
+def report(args, split: dict, test_rows: list, init: dict, ours1: dict, peer: dict,
+           ours_big: dict) -> str:
+    counts = split["counts"]
+    speed = print_contenders(args, counts, ours1, peer)
+    breakdown = print_breakdown(args, counts, ours1, peer)
+    print_quality(split["labels"], test_rows, ours1, peer)
+    growth = print_memory(args, counts, ours1, ours_big)
+    diff = abs(ours1["macro_f1"] - peer["macro_f1"])
+    print_goals(args, speed["ratio"], diff, growth, breakdown)
+    line = (f"bench-finetune: metric {ours1['macro_f1']:.4f} transformers {peer['macro_f1']:.4f} "
+            f"speed-ratio {speed['ratio']:.2f} memory-growth {growth:.2f}")
+    (args.work / "result.json").write_text(json.dumps({
+        "settings": {k: str(v) for k, v in vars(args).items()}, "counts": counts, "init": init,
+        "ours": ours1, "ours_big": ours_big, "transformers": peer, "speed": speed,
+        "breakdown": breakdown, "memory_growth": growth, "line": line}, indent=2, default=str))
+    return line
