@@ -61,7 +61,7 @@ class _Current(logging.StreamHandler):
             self.handleError(record)
 
 
-class _Console(logging.Formatter):
+class ConsoleFormatter(logging.Formatter):
     """The pipeline's lines as they are; a warning or an error says so first."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -159,7 +159,7 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     to_file.setLevel(logging.INFO)
     to_console = _Current("stdout")
-    to_console.setFormatter(_Console())
+    to_console.setFormatter(ConsoleFormatter())
     to_console.addFilter(_NotFileOnly())
     to_console.addFilter(_Said())  # (on the handler: a logger's filters miss its children's)
     others = _Current("stderr")  # what Python's last-resort handler printed

@@ -19,6 +19,7 @@ from pipeline.config import data_job
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import readers, records, tasks
 from tests.test_finetune_data import WORDS, write_vocab
+from tests.test_finetune_records import write_animal_place_csv
 
 SEQ = 24
 DESC = "finetune: encoding features"
@@ -90,11 +91,7 @@ def test_the_workers_tell_every_byte_and_the_records_do_not_change(vocab, tmp_pa
 
 
 def _config(tmp_path, vocab_path, run: str):
-    rng = random.Random(0)
-    rows = ["text,label"] + [f"{'the cat ' if i % 2 else 'a red house '}"
-                             f"{' '.join(rng.choice(WORDS) for _ in range(6))},"
-                             f"{'animal' if i % 2 else 'place'}" for i in range(60)]
-    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    write_animal_place_csv(tmp_path)
     return config_lib.load(None, [
         f"run_dir={tmp_path}/{run}", f"finetune.vocab_file={vocab_path}",
         "finetune.dataset=csv", f"finetune.train_file={tmp_path}/train.csv",

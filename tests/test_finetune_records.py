@@ -118,12 +118,17 @@ def test_beam_rows_equal_the_in_memory_rows(vocab, name):
         assert len(got["example_index"]) > len(examples)
 
 
-def _classification_config(tmp_path, model, vocab_path, *overrides):
+def write_animal_place_csv(folder) -> None:
+    """folder/train.csv: 60 seeded rows, "animal" and "place" texts in turn."""
     rng = random.Random(0)
     rows = ["text,label"] + [f"{'the cat ' if i % 2 else 'a red house '}"
                              f"{' '.join(rng.choice(WORDS) for _ in range(6))},"
                              f"{'animal' if i % 2 else 'place'}" for i in range(60)]
-    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    (folder / "train.csv").write_text("\n".join(rows) + "\n")
+
+
+def _classification_config(tmp_path, model, vocab_path, *overrides):
+    write_animal_place_csv(tmp_path)
     return config_lib.load(None, [
         f"run_dir={tmp_path}/run", f"finetune.init_from={model}",
         f"finetune.vocab_file={vocab_path}", "finetune.dataset=csv",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from pipeline.logs import ConsoleFormatter
+
 NAME = "pipeline"  # the pipeline's loggers are its children (pipeline/logs.py NAME)
 _INSTALLED: list[tuple[logging.Logger, logging.Handler]] = []  # by `console`, replaced by the next
 
@@ -27,18 +29,6 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, value):
         pass
-
-
-class _Prefixed(logging.Formatter):
-    """The line as it is; a warning or an error says so first (as pipeline/logs.py's console)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        if record.levelno >= logging.WARNING:
-            level = "warning" if record.levelno < logging.ERROR else "error"
-            if not text.startswith(f"{level}:"):
-                text = f"{level}: {text}"
-        return text
 
 
 class _NotOurs(logging.Filter):
@@ -64,10 +54,10 @@ def console(verbose: bool = False) -> logging.Logger:
         handler.close()
     _INSTALLED.clear()
     own = _Stderr()
-    own.setFormatter(_Prefixed("%(message)s"))
+    own.setFormatter(ConsoleFormatter())
     own.addFilter(_Alone())
     others = _Stderr()
-    others.setFormatter(_Prefixed("%(message)s"))
+    others.setFormatter(ConsoleFormatter())
     others.addFilter(_NotOurs())
     others.addFilter(_Alone())
     others.setLevel(logging.INFO if verbose else logging.WARNING)
