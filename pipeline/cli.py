@@ -300,12 +300,10 @@ def _stage_run(stage: str, config, options) -> dict:
 def _keep_log(path: Path, run_id: str) -> None:
     """A stage's log file as an artifact of its MLflow run (its text goes through the outbox,
     so a tracking outage loses nothing; the last 8 MB of a larger one)."""
+    from pipeline import logs
     from pipeline.tracking import outbox
 
-    with open(path, "rb") as handle:
-        handle.seek(max(0, os.path.getsize(path) - (8 << 20)))
-        outbox.log_text(handle.read().decode("utf-8", "replace"), f"logs/{path.name}",
-                        run_id=run_id)
+    outbox.log_text(logs.tail(path), f"logs/{path.name}", run_id=run_id)
 
 
 def _is_chief(config) -> bool:

@@ -40,14 +40,12 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from pipeline import cli
+from pipeline import cli, logs
 
 STEPS = ("all", "pretrain", "finetune", "evaluate", "promote")
-KEPT_LOG_BYTES = 8 << 20  # a step's log on the cycle's MLflow run: its last 8 MB
 
 log = logging.getLogger(__name__)
 
@@ -283,13 +281,7 @@ class Cycle:
         run_id = self.record.get("mlflow_run_id")
         if not run_id:
             return
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(path) - KEPT_LOG_BYTES))
-            tail = handle.read()
-        with tempfile.TemporaryDirectory(prefix="cycle-log-") as tmp:
-            copy = Path(tmp) / path.name
-            copy.write_bytes(tail)
-            self.client.log_artifact(run_id, str(copy), "logs")
+        self.client.log_text(run_id, logs.tail(path), f"logs/{path.name}")
 
     def _said(self, label: str) -> None:
         """After a step, on the console: what it decided (the step's log has the rest)."""

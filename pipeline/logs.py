@@ -285,6 +285,16 @@ def stage(name: str, logs_dir: Path, keep=None):
                 say.warning(f"{name}: could not record its log file {path} ({err})")
 
 
+KEPT_BYTES = 8 << 20  # what of a log file goes to an MLflow run: its last 8 MB
+
+
+def tail(path: Path, limit: int = KEPT_BYTES) -> str:
+    """The last `limit` bytes of a log file as text (what is logged to an MLflow run)."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.path.getsize(path) - limit))
+        return handle.read().decode("utf-8", "replace")
+
+
 def progress_bar(total: int, initial: int = 0, desc: str = "", unit: str = "step",
                  leave: bool = True, unit_scale: bool = False):
     """A tqdm bar (ETA, rate; the caller adds loss and tokens/s) on stderr when stdout is a
