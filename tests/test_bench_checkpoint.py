@@ -50,11 +50,11 @@ FILES = {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"\x00" 
 # ---------------------------------------------------------------------------
 def test_last_line_has_the_issue_s_format():
     line = bench.last_line(0.71234, 0.7, 0.65, 0.4321, 0.39999)
-    assert line == ("bench-checkpoint: finetune 0.7123 transformers 0.7000 bow 0.6500 "
+    assert line == ("bench-checkpoint: finetune 0.7123 transformers 0.7000 best-baseline 0.6500 "
                     "search-mrr 0.4321 tfidf 0.4000")
     words = line.split()
     assert words[0] == "bench-checkpoint:" and words[1::2] == [
-        "finetune", "transformers", "bow", "search-mrr", "tfidf"]
+        "finetune", "transformers", "best-baseline", "search-mrr", "tfidf"]
     assert bench.last_line(None, 0.5, 0.5, None, 0.1).split()[2::2] == [
         "n/a", "0.5000", "0.5000", "n/a", "0.1000"]
 
@@ -192,15 +192,17 @@ def test_vocab_casing_comes_from_vocab_json(tmp_path):
     assert bench.vocab_casing(vocab, True) is False
 
 
-def test_bow_baseline_is_the_classification_task_s_on_the_tsv_files(tmp_path):
+def test_baselines_are_the_classification_task_s_on_the_tsv_files(tmp_path):
     words = {"press": "vote senate mayor", "fiction": "dragon castle knight"}
     rows = [(f"the {words[y].split()[i % 3]} and the {words[y].split()[(i + 1) % 3]} {i}", y)
             for i in range(40) for y in words]
-    bench_finetune.write_tsv(tmp_path / "train.tsv", rows[:60])
+    bench_finetune.write_tsv(tmp_path / "train.tsv", rows[:50])
+    bench_finetune.write_tsv(tmp_path / "validation.tsv", rows[50:60])
     bench_finetune.write_tsv(tmp_path / "test.tsv", rows[60:])
-    out = bench.bow_baseline(tmp_path, sorted(words), seed=0)
+    out = bench.baselines_on_tsv(tmp_path, sorted(words), seed=0)
     assert out["bow_lr"]["macro_f1"] == 1.0 and out["bow_lr"]["accuracy"] == 1.0
     assert out["majority"]["accuracy"] == 0.5 and out["seconds"] > 0
+    assert out[out["best"]]["macro_f1"] == 1.0 and "validation" in out["tfidf_svm"]
 
 
 def test_quick_fills_in_what_is_not_given_and_bad_values_are_refused(capsys):

@@ -98,9 +98,16 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
     assert results["history"][-1]["step"] == 2 * 8
     for split in ("validation", "test"):
         assert set(results[split]) >= {"accuracy", "macro_f1", "mcc", "f1"}
-    assert set(results["baselines"]) == {"majority", "bow_lr", "random_init"}
+    assert set(results["baselines"]) == {"majority", "bow_lr", "tfidf_lr", "tfidf_svm",
+                                         "tfidf_char_svm", "random_init"}
     assert set(results["baselines"]["random_init"]) >= {"accuracy", "macro_f1"}
     assert results["baselines"]["majority"]["accuracy"] == pytest.approx(0.5)
+    # The margin against the strongest baseline on the selection metric, in points.
+    best = results["best_baseline"]
+    strongest = max(v["accuracy"] for v in results["baselines"].values())
+    assert best["metric"] == "accuracy" and best["value"] == strongest
+    assert best["margin_points"] == pytest.approx(
+        round((results["test"]["accuracy"] - strongest) * 100, 2))
     assert results["export_max_abs_diff"] < 1e-5
     assert np.asarray(results["test"]["confusion_matrix"]).sum() == 8
 
@@ -108,7 +115,10 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
     client = mlflow.MlflowClient()
     logged = client.get_run(run.info.run_id)
     assert {"test_accuracy", "validation_macro_f1", "baseline_bow_lr_test_accuracy",
-            "baseline_random_init_test_accuracy", "val_macro_f1"} <= set(logged.data.metrics)
+            "baseline_tfidf_svm_test_accuracy", "baseline_random_init_test_accuracy",
+            "val_macro_f1", "margin_vs_best_baseline"} <= set(logged.data.metrics)
+    assert logged.data.metrics["margin_vs_best_baseline"] == best["margin_points"]
+    assert logged.data.tags["finetune.best_baseline"] == best["name"]
     names = {a.path for a in client.list_artifacts(run.info.run_id, "finetune")}
     assert "finetune/confusion_matrix.png" in names and "finetune/splits.json" in names
     version = client.get_model_version_by_alias("bert-test", "champion")
@@ -162,7 +172,7 @@ def test_sentence_pair_regression_export(tmp_path, encoder_files):
     with quiet():
         results = finetuning.fine_tune(config)
     assert set(results["test"]) == {"pearson", "spearman", "mse"}
-    assert set(results["baselines"]) == {"mean", "bow_ridge", "random_init"}
+    assert set(results["baselines"]) == {"mean", "bow_ridge", "tfidf_ridge", "random_init"}
     assert results["export_max_abs_diff"] < 1e-5
     folder = results["output_dir"]
     assert json.loads((Path(folder) / "task.json").read_text())["pair"] is True
@@ -192,7 +202,7 @@ def test_token_classification_first_piece_labels(tmp_path, encoder_files):
     with quiet():
         results = finetuning.fine_tune(config)
     assert set(results["test"]) == {"precision", "recall", "f1", "token_accuracy"}
-    assert set(results["baselines"]) == {"majority", "most_frequent_tag", "random_init"}
+    assert set(results["baselines"]) == {"majority", "most_frequent_tag", "crf", "random_init"}
     # The per-word baseline learns this fixture exactly (a tag is a function of the word).
     assert results["baselines"]["most_frequent_tag"]["f1"] == pytest.approx(1.0)
     # The raw-string SavedModel (in-graph word split) == the .keras model + Python tokenization.

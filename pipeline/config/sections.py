@@ -365,8 +365,19 @@ class FinetuneConfig:
     keep_checkpoints: int = same_as(TrainConfig, "keep_checkpoints", default=2)
     similarity_scale: float = key(20.0, "semantic_search: cosine × this before the softmax",
                                   gt=0.0)
-    baselines: bool = key(True, "also the majority class and a bag-of-words logistic "
-                                "regression on the test split")
+    baselines: bool = key(True, "also classical baselines on the test split, their settings "
+                                "chosen on validation (TF-IDF linear models, a CRF, BM25, a "
+                                "sliding window: docs/finetuning.md#baselines); the summary "
+                                "states the margin against the strongest")
+    baseline_max_train: int = key(50000, "the baselines train on at most this many training "
+                                         "examples (a seeded sample; 0: all)", ge=0)
+    baseline_crf_algorithm: str = key("ap", "token classification: how the CRF baseline is "
+                                            "trained: ap (averaged perceptron, seconds a pass) "
+                                            "| lbfgs (the probabilistic CRF; minutes with "
+                                            "hundreds of tags)", choices=("ap", "lbfgs"))
+    baseline_crf_iterations: int = key(6, "the CRF baseline's passes (ap: iterations/2 and "
+                                          "iterations tried) or L-BFGS iterations (lbfgs)",
+                                       ge=1)
     random_init_baseline: bool = key(True, "with baselines: also this architecture from random "
                                            "initialisation, same budget (what pretraining "
                                            "bought; doubles the time)")

@@ -36,7 +36,25 @@ def _report(results: dict, data: readers.TaskData) -> None:
              "   ".join(f"{k} {results['test'][k]:.4f}" for k in keys))
     for name, result in results.get("baselines", {}).items():
         log.info(f"finetune: baseline {name:<18}" +
-                 "   ".join(f"{k} {result[k]:.4f}" for k in keys if k in result))
+                 "   ".join(f"{k} {result[k]:.4f}" for k in keys if k in result) +
+                 (f"   ({result['chosen']})" if result.get("chosen") else ""))
+    best = results.get("best_baseline")
+    if best:
+        (log.warning if best["margin_points"] < 0 else log.info)(f"finetune: {best['line']}")
+
+
+def compare_with_baselines(results: dict, task, metric: str) -> None:
+    """results["best_baseline"]: the strongest baseline on the test `metric` (every row
+    counts), its value, the model's margin in points and the summary line."""
+    from pipeline.finetuning import baselines
+
+    line, margin, name = baselines.margin_line(results["test"][metric],
+                                               results.get("baselines", {}), metric,
+                                               task.points)
+    if line is not None:
+        results["best_baseline"] = {"name": name, "metric": metric,
+                                    "value": float(results["baselines"][name][metric]),
+                                    "margin_points": round(float(margin), 2), "line": line}
 
 
 def task_info(config: Config, data: readers.TaskData, lowercase: bool, model_path="") -> dict:
@@ -89,6 +107,9 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
     for name, result in results.get("baselines", {}).items():
         flat.update({f"baseline_{name}_test_{k}": v for k, v in result.items()
                      if isinstance(v, float)})
+    if "best_baseline" in results:  # the model's margin over the strongest baseline, in points
+        flat["margin_vs_best_baseline"] = results["best_baseline"]["margin_points"]
+        outbox.set_tags({"finetune.best_baseline": results["best_baseline"]["name"]})
     for key in ("export_max_abs_diff", "export_mismatches"):
         if key in results:
             flat[key] = float(results[key])

@@ -36,7 +36,7 @@ from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import records, runtime, tasks
 from pipeline.finetuning.callbacks import EpochEvaluator, Progress
-from pipeline.finetuning.outputs import _report, write_and_log
+from pipeline.finetuning.outputs import _report, compare_with_baselines, write_and_log
 from pipeline.finetuning.task_model import (
     FinetuneError,
     load_backbone,
@@ -144,6 +144,7 @@ def fine_tune(config: Config, write_outputs: bool = True) -> dict:
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
             results["baselines"]["random_init"] = random_init_baseline(
                 task, backbone, splits, data, fc, total_steps, epochs, strategy)
+        compare_with_baselines(results, task, data.metric)
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
     _report(results, data)

@@ -49,6 +49,7 @@ def task_result(folder: Path, metric: str, where: str) -> dict:
     return {"metric": metric, "value": float(test[metric]), "test": test,
             "baselines": {name: {k: v for k, v in b.items() if isinstance(v, (int, float))}
                           for name, b in results.get("baselines", {}).items()},
+            "best_baseline": results.get("best_baseline"),
             "history": results.get("history", []), "split_id": split_id(splits),
             "task_metric": results.get("metric", metric), "best_epoch": results.get("best_epoch"),
             "serving": (folder / "saved_model").is_dir(),
@@ -150,6 +151,19 @@ def _tables(record: dict, pretraining: dict, tasks: dict) -> list[tuple[str, lis
     tables.append(("Against the champion (same test split)",
                    ["task", "registered model", "metric", "this cycle", "champion", "decision"],
                    rows))
+    rows = []
+    for name, task in tasks.items():
+        best = task["result"].get("best_baseline")
+        if best:
+            model = task["result"]["test"].get(best["metric"], float("nan"))
+            rows.append([name, f"test_{best['metric']}", _cell(model),
+                         f"{best['name']}: {_cell(best['value'])}",
+                         f"{best['margin_points']:+.1f}" +
+                         (" (the model LOSES)" if best["margin_points"] < 0 else "")])
+    if rows:
+        tables.append(("Against the strongest baseline (same test split; settings chosen on "
+                       "validation)", ["task", "metric", "this cycle", "best baseline",
+                                       "margin (points)"], rows))
     for name, task in tasks.items():
         result = task["result"]
         keys = sorted(result["test"])

@@ -118,6 +118,7 @@ class FinetuneTask(abc.ABC):
     name: ClassVar[str] = ""
     datasets: ClassVar[tuple[str, ...]] = ()  # finetune.dataset values that can feed it
     metric: ClassVar[str] = "accuracy"  # the metric that selects the best epoch
+    points: ClassVar[float] = 100.0  # points per unit of the metric (margins are in points)
     label_set: ClassVar[bool] = False  # classes from finetune.labels / the training data
     stratify: ClassVar[bool] = False  # seeded splits stratified by label
     always_pair: ClassVar[bool] = False  # the examples are always (text, text_pair)
@@ -232,7 +233,9 @@ class FinetuneTask(abc.ABC):
         """(metrics, per-example predictions) of `model` on one split."""
 
     def baselines(self, data, seed: int) -> dict:
-        """{name: test metrics} of simple models on the same test split."""
+        """{name: test metrics (+ "chosen", "validation")} of classical models on the same
+        test split, their settings chosen on the validation split
+        (pipeline/finetuning/baselines.py)."""
         return {}
 
     def test_artifacts(self, results: dict, predictions: dict, data, out, title: str) -> None:

@@ -100,30 +100,17 @@ class Classification(FinetuneTask):
         return result, {"y_true": y_true, "y_pred": y_pred, "logits": logits}
 
     def baselines(self, data, seed):
-        """Majority class and bag-of-words logistic regression (one vocabulary per side)."""
-        from scipy.sparse import hstack
-        from sklearn.feature_extraction.text import CountVectorizer
-        from sklearn.linear_model import LogisticRegression
+        """Majority class, counts + logistic regression, and TF-IDF linear models tuned on
+        the validation split (pipeline/finetuning/baselines.py)."""
+        from pipeline.finetuning import baselines, metrics
 
-        from pipeline.finetuning import metrics
+        def metric_of(y_true, y_pred):
+            out = metrics.classification_report(y_true, y_pred)
+            if len(data.labels) == 2:
+                out["f1"] = metrics.binary_f1(y_true, y_pred, positive=1)
+            return out
 
-        train, test = data.train, data.test
-        index = {name: i for i, name in enumerate(data.labels)}
-        y_train = np.array([index[e.label] for e in train])
-        y_test = np.array([index[e.label] for e in test])
-        majority = np.full_like(y_test, np.bincount(y_train, minlength=len(index)).argmax())
-        sides = [lambda e: e.text] + ([lambda e: e.text_pair or ""] if data.pair else [])
-        vectorizers = [CountVectorizer(lowercase=True, min_df=2) for _ in sides]
-        x_train = hstack([v.fit_transform([s(e) for e in train])
-                          for v, s in zip(vectorizers, sides)])
-        x_test = hstack([v.transform([s(e) for e in test]) for v, s in zip(vectorizers, sides)])
-        bow = LogisticRegression(max_iter=2000, random_state=seed).fit(x_train, y_train)
-        out = {}
-        for name, y_pred in (("majority", majority), ("bow_lr", bow.predict(x_test))):
-            out[name] = metrics.classification_report(y_test, y_pred)
-            if len(index) == 2:
-                out[name]["f1"] = metrics.binary_f1(y_test, y_pred)
-        return out
+        return baselines.text_classifiers(data, metric_of, seed, self.fc.baseline_max_train)
 
     def test_artifacts(self, results, predictions, data, out, title) -> None:
         from pipeline.finetuning import metrics

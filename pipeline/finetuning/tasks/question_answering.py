@@ -67,6 +67,7 @@ class QuestionAnswering(FinetuneTask):
     name = "question_answering"
     datasets = ("squad",)
     metric = "f1"
+    points = 1.0  # EM / F1 are in percent already
     pooled = False
     output = "start_logits"
     targets = {"start_logits": "start_positions", "end_logits": "end_positions"}
@@ -180,6 +181,29 @@ class QuestionAnswering(FinetuneTask):
         found = sorted(Path(files[0]).parent.glob("validation-*.tfrecord"))
         return type(split)(self, found, split.spec, split.inputs, data.validation, 0) \
             if found else None
+
+    def baselines(self, data, seed):
+        """The SQuAD paper's sliding-window baseline: the span whose surrounding words
+        overlap the question most, its span length and window (and v2.0's no-answer cut)
+        tuned on the validation split (pipeline/finetuning/baselines.py)."""
+        import time
+
+        from pipeline.finetuning import baselines, metrics
+        from pipeline.finetuning import squad_official as official
+
+        def evaluate(examples, answers, na_probs):
+            if not self.fc.version_2:
+                return metrics.squad_evaluate({e.qid: [a for a, _ in e.answers]
+                                               for e in examples}, answers)
+            gold, has_answer = official.gold_of(examples)
+            return {k: float(v) for k, v in
+                    official.evaluate_v2(gold, has_answer, answers, na_probs).items()}
+
+        started = time.time()
+        out = {"sliding_window": baselines.qa_window(data.train, data.validation, data.test,
+                                                     evaluate, self.fc.version_2)}
+        baselines.log.info(f"finetune: baselines in {time.time() - started:.1f} s")
+        return out
 
     def test_artifacts(self, results, predictions, data, out, title) -> None:
         """predictions.json (and v2.0's na_prob.json) of each test split, in the official

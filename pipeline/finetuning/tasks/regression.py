@@ -61,20 +61,12 @@ class Regression(FinetuneTask):
         return metrics.regression_report(out["target"].reshape(-1), score), {"y_pred": score}
 
     def baselines(self, data, seed):
-        """The training mean, and ridge regression on bag-of-words of both texts."""
-        from sklearn.feature_extraction.text import CountVectorizer
-        from sklearn.linear_model import Ridge
+        """The training mean, counts + ridge, and TF-IDF + ridge with alpha tuned on the
+        validation split (pipeline/finetuning/baselines.py)."""
+        from pipeline.finetuning import baselines, metrics
 
-        from pipeline.finetuning import metrics
-
-        y_train = np.array([e.label for e in data.train])
-        y_test = np.array([e.label for e in data.test])
-        joined = [f"{e.text} {e.text_pair or ''}" for e in data.train]
-        vec = CountVectorizer(min_df=1)
-        ridge = Ridge().fit(vec.fit_transform(joined), y_train)
-        test = vec.transform([f"{e.text} {e.text_pair or ''}" for e in data.test])
-        return {"mean": metrics.regression_report(y_test, np.full_like(y_test, y_train.mean())),
-                "bow_ridge": metrics.regression_report(y_test, ridge.predict(test))}
+        return baselines.text_regressors(data, metrics.regression_report, seed,
+                                         self.fc.baseline_max_train)
 
     def prediction_row(self, example, prediction, i, data) -> dict:
         return {"text": example.text, "text_pair": example.text_pair, "gold": example.label,

@@ -86,14 +86,28 @@ class SemanticSearch(FinetuneTask):
         return retrieval_metrics(q @ d.T, [e.text_pair for e in split.examples])
 
     def baselines(self, data, seed):
+        """TF-IDF (sublinear tf, fitted on the training pairs) and BM25 with k1/b tuned on
+        the validation split (pipeline/finetuning/baselines.py)."""
+        import time
+
         from sklearn.feature_extraction.text import TfidfVectorizer
 
-        vec = TfidfVectorizer().fit([e.text for e in data.train] +
-                                    [e.text_pair for e in data.train])
+        from pipeline.finetuning import baselines
+
+        started = time.time()
+        vec = TfidfVectorizer(sublinear_tf=True).fit([e.text for e in data.train] +
+                                                     [e.text_pair for e in data.train])
         q = vec.transform([e.text for e in data.test])
         d = vec.transform([e.text_pair for e in data.test])
-        return {"tfidf": retrieval_metrics((q @ d.T).toarray(),
-                                           [e.text_pair for e in data.test])[0]}
+        out = {"tfidf": retrieval_metrics((q @ d.T).toarray(),
+                                          [e.text_pair for e in data.test])[0],
+               "bm25": baselines.bm25_search(
+                   data.validation, data.test,
+                   lambda scores, split: retrieval_metrics(scores,
+                                                           [e.text_pair for e in split])[0],
+                   data.metric)}
+        baselines.log.info(f"finetune: baselines in {time.time() - started:.1f} s")
+        return out
 
     def prediction_row(self, example, prediction, i, data) -> dict:
         return {"query": example.text, "gold": example.text_pair,

@@ -96,10 +96,15 @@ class TokenClassification(FinetuneTask):
         return self.score([e.tags for e in examples], tags, data.labels), {"tags": tags}
 
     def baselines(self, data, seed):
-        """Every word its most frequent training tag (else the commonest tag); the commonest
-        tag everywhere."""
+        """The commonest tag everywhere; every word its most frequent training tag (else the
+        commonest); a linear-chain CRF on word-shape and context features, its settings
+        tuned on the validation split (pipeline/finetuning/baselines.py)."""
+        import time
         from collections import Counter
 
+        from pipeline.finetuning import baselines
+
+        started = time.time()
         overall = Counter(t for e in data.train for t in e.tags).most_common(1)[0][0]
         per_word: dict = {}
         for e in data.train:
@@ -107,15 +112,20 @@ class TokenClassification(FinetuneTask):
                 per_word.setdefault(w.lower(), Counter())[t] += 1
         best = {w: c.most_common(1)[0][0] for w, c in per_word.items()}
         gold = [e.tags for e in data.test]
-        pred = [[best.get(w.lower(), overall) for w in e.words] for e in data.test]
-        majority = [[overall] * len(e.words) for e in data.test]
-        from pipeline.finetuning import metrics
-
-        if metrics.is_chunk_tagset(data.labels):
-            return {"majority": metrics.conll_f1(gold, majority),
-                    "most_frequent_tag": metrics.conll_f1(gold, pred)}
-        return {"majority": {"token_accuracy": metrics.token_accuracy(gold, majority)},
-                "most_frequent_tag": {"token_accuracy": metrics.token_accuracy(gold, pred)}}
+        out = {"majority": self.score(gold, [[overall] * len(e.words) for e in data.test],
+                                      data.labels),
+               "most_frequent_tag": self.score(
+                   gold, [[best.get(w.lower(), overall) for w in e.words] for e in data.test],
+                   data.labels)}
+        chosen, tags, value = baselines.crf_tagger(
+            data.train, data.validation, data.test,
+            lambda g, p: self.score(g, p, data.labels)[data.metric], seed,
+            self.fc.baseline_max_train, self.fc.baseline_crf_algorithm,
+            self.fc.baseline_crf_iterations)
+        out["crf"] = baselines.row(self.score(gold, tags, data.labels), chosen, value,
+                                   data.metric)
+        baselines.log.info(f"finetune: baselines in {time.time() - started:.1f} s")
+        return out
 
     def prediction_row(self, example, prediction, i, data) -> dict:
         return {"words": example.words, "gold": example.tags, "predicted": prediction["tags"][i]}
