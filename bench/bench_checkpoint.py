@@ -459,6 +459,7 @@ def search(args, settings: dict) -> dict:
     names = {"symmetric_truncated": "MiniLM mean pooling, document truncated",
              "asymmetric_passage_max": "MiniLM mean pooling, best passage",
              "tfidf_document": "TF-IDF cosine, whole document",
+             "bm25_document": "BM25, whole document",
              "tfidf_passage_max": "TF-IDF cosine, best passage"}
     for key, name in names.items():
         r = results[key]

@@ -209,6 +209,11 @@ def test_cycles_train_register_skip_and_promote_only_if_better(run_root, capsys)
     page = (root / "cycles" / "0001" / "report" / "cycle_report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3 and "no champion yet" in page
     assert "baseline majority" in page  # the baselines, on the same test split
+    # ...and the margin against the strongest of them, as metrics.json says it
+    best = json.loads((root / "cycles" / "0001" / "finetune" / "topic" / "metrics.json")
+                      .read_text())["best_baseline"]
+    assert "Against the strongest baseline" in page
+    assert f"{best['name']}: " in page and f"{best['margin_points']:+.1f}" in page
     # Each step's log in the cycle's logs/steps/ and on its run; the console: a line per step
     # start and end, and what the cycle decided (the stages' lines are in the steps' logs).
     steps = root / "cycles" / "0001" / "logs" / "steps"

@@ -176,10 +176,11 @@ def test_evaluate_retrieval_reports_every_method(pre, caplog):
                                                ["who saw paris", "where london", "bird river"],
                                                [{"a"}, {"b"}, {"c"}], 8, 4)
     assert set(result) == {"symmetric_truncated", "asymmetric_passage_max", "tfidf_document",
-                           "tfidf_passage_max", "setup"}
+                           "bm25_document", "tfidf_passage_max", "setup"}
     assert result["asymmetric_passage_max"]["mrr"] == 1.0
     assert result["symmetric_truncated"]["mrr"] < 1.0
     assert result["tfidf_document"]["recall_at_1"] == 1.0  # word overlap: exact here
+    assert result["bm25_document"]["recall_at_1"] == 1.0
     said = [r.getMessage() for r in caplog.records if r.name == "pipeline.tools.retrieval_eval"]
     assert [line.split(" (")[0] for line in said] == ["retrieval: symmetric done",
                                                      f"retrieval: {result['setup']['passages']} passages indexed"], said

@@ -148,9 +148,18 @@ def tfidf_scores(documents, queries, passages: Passages | None = None, pre=None)
     return document_scores((q @ vec.transform(texts).T).toarray(), passages.doc, len(documents))
 
 
+def bm25_scores(queries, documents):
+    """BM25 (bm25s, k1 1.5, b 0.75: the usual defaults; nothing to tune them on here) of each
+    query with each whole document: the fine-tuning baselines' scorer."""
+    from pipeline.finetuning import baselines
+
+    return baselines.bm25_scores(list(queries), list(documents), 1.5, 0.75)
+
+
 def evaluate_retrieval(encoder, pre, doc_ids, documents, queries, relevant,
                        passage_length: int, passage_stride: int) -> dict:
-    """Symmetric (truncated document) vs asymmetric (passage max) vs TF-IDF on one query set."""
+    """Symmetric (truncated document) vs asymmetric (passage max) vs TF-IDF and BM25 on one
+    query set."""
     started = time.time()
     q = embed(encoder, pre.features(list(queries)))
     d = embed(encoder, pre.features(list(documents)))  # truncated to the window
@@ -161,6 +170,8 @@ def evaluate_retrieval(encoder, pre, doc_ids, documents, queries, relevant,
     log.info(f"retrieval: {len(index):,} passages indexed ({time.time() - started:.0f} s)")
     results["tfidf_document"] = ranking_metrics(tfidf_scores(documents, queries), doc_ids,
                                                 relevant)
+    results["bm25_document"] = ranking_metrics(bm25_scores(queries, documents), doc_ids,
+                                               relevant)
     passages = split_passages(documents, pre, passage_length, passage_stride)
     results["tfidf_passage_max"] = ranking_metrics(
         tfidf_scores(documents, queries, passages, pre), doc_ids, relevant)
