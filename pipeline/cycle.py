@@ -134,10 +134,12 @@ def _check(config, args) -> list:
     return tasks
 
 
-def task_config(config, task, cycle_dir: Path | None):
+def task_config(config, task, cycle_dir: Path | None, direct: str = ""):
     """The config of one task's fine-tuning in `cycle_dir`: the cycle's config with the task
     file's finetune section (plus its overrides), the cycle's new encoder, one output folder per
-    task, no registration (the promote step registers)."""
+    task, no registration (the promote step registers). `direct`: the published checkpoint the
+    cycles started from, fine-tuned as it is (its own vocab and casing) into
+    finetune/<task>_direct/: the first champion an adapted model must beat."""
     import yaml
 
     from pipeline import artifacts
@@ -169,11 +171,19 @@ def task_config(config, task, cycle_dir: Path | None):
     own = config_lib.from_dict(full, where).finetune  # the task's keys, checked
     section.update(name=task.name, register_model=False,
                    registered_model=task.registered_model or registered_name(own))
-    if cycle_dir is not None:  # the encoder and vocab this cycle's pretraining wrote
+    if cycle_dir is not None and direct:
+        section.update(init_from=direct, vocab_file="", name=direct_name(task.name))
+        full["run_dir"] = str(cycle_dir)
+    elif cycle_dir is not None:  # the encoder and vocab this cycle's pretraining wrote
         at = artifacts.Artifacts(cycle_dir)
         section.update(init_from=str(at.model_keras), vocab_file=str(at.vocab_file))
         full["run_dir"] = str(cycle_dir)
     return config_lib.from_dict(full, where)
+
+
+def direct_name(task: str) -> str:
+    """The output folder (finetune.name) of a task's direct fine-tune of the checkpoint."""
+    return f"{task}_direct"
 
 
 class Cycle:
@@ -247,7 +257,12 @@ class Cycle:
             for task in self.tasks:
                 if self.args.task and task.name != self.args.task:
                     continue
-                if self.record["tasks"].get(task.name, {}).get("done") and not self.args.force:
+                entry = self.record["tasks"].get(task.name, {})
+                if self.direct_start(task) and not (entry.get("direct", {}).get("done")
+                                                    and not self.args.force):
+                    todo.append((f"finetune-{direct_name(task.name)}",
+                                 lambda task=task: self.finetune(task, direct=True)))
+                if entry.get("done") and not self.args.force:
                     log.info(f"cycle {self.record['number']}: {task.name} already fine-tuned, "
                              f"not again (--force does it again)")
                     continue
@@ -316,11 +331,15 @@ class Cycle:
         before = {"finetune": ["pretrain"], "evaluate": ["pretrain", "finetune"],
                   "promote": ["pretrain", "finetune", "evaluate"]}.get(step, [])
         for needed in before:
-            missing = ([t.name for t in self.tasks
-                        if not self.record["tasks"].get(t.name, {}).get("done")]
+            tasks = self.record["tasks"]
+            missing = ([t.name for t in self.tasks if not tasks.get(t.name, {}).get("done")] +
+                       [direct_name(t.name) for t in self.tasks
+                        if tasks.get(t.name, {}).get("direct", {}).get("wanted")
+                        and not tasks[t.name]["direct"].get("done")]
                        if needed == "finetune" else [needed] * (needed not in self.record["steps"]))
             if missing:
-                what = (f"`--step finetune --task {missing[0]}`" if needed == "finetune"
+                task = missing[0].removesuffix("_direct")
+                what = (f"`--step finetune --task {task}`" if needed == "finetune"
                         else f"`--step {needed}`")
                 raise artifacts.MissingArtifact(
                     f"cycle {self.record['number']} has not done {needed} yet "
@@ -362,15 +381,44 @@ class Cycle:
         self.cycles.save(record)
         return 0
 
-    def finetune(self, task) -> int:
-        """One task of the finetune step (`_todo` skips those done)."""
+    def direct_start(self, task) -> str:
+        """The published checkpoint to fine-tune `task` on directly ("" if none): in the first
+        cycle of cycles started from one (`model.init_from` in the cycle's config), for a task
+        whose registered model has no champion yet (the direct fine-tune becomes it)."""
+        start = self.config.model.init_from
+        if not start or self.record["base"] is not None:
+            return ""
+        entry = self.record["tasks"].get(task.name, {})
+        if "direct" in entry:  # decided when the cycle first got here
+            return start if entry["direct"].get("wanted") else ""
+        from pipeline.tools import cycle_report
+
+        name = task_config(self.config, task, None).finetune.registered_model
+        wanted = cycle_report.champion(name, "accuracy") is None
+        if not wanted:
+            log.info(f"cycle {self.record['number']}: {task.name}: {name} has a champion "
+                     f"already; {start} is not fine-tuned directly")
+        self.record["tasks"].setdefault(task.name, {})["direct"] = {"wanted": wanted,
+                                                                   "checkpoint": start}
+        self.cycles.save(self.record)
+        return start if wanted else ""
+
+    def finetune(self, task, direct: bool = False) -> int:
+        """One task of the finetune step (`_todo` skips those done); `direct`: the published
+        checkpoint fine-tuned as it is, beside the adapted model."""
         entry = self.record["tasks"].setdefault(task.name, {})
-        config = task_config(self.config, task, self.dir)
-        code = self._stages(config, f"finetune-{task.name}", ["finetune"])
+        config = task_config(self.config, task, self.dir,
+                             direct=self.config.model.init_from if direct else "")
+        label = f"finetune-{direct_name(task.name) if direct else task.name}"
+        code = self._stages(config, label, ["finetune"])
         if code:
             return code
-        entry.update(finetune_run_id=self.last_run, done=_now(),
-                     registered_model=config.finetune.registered_model)
+        if direct:
+            entry["direct"].update(finetune_run_id=self.last_run, done=_now(),
+                                   output=config.finetune.name)
+        else:
+            entry.update(finetune_run_id=self.last_run, done=_now(),
+                         registered_model=config.finetune.registered_model)
         self.cycles.save(self.record)
         return 0
 
@@ -390,6 +438,14 @@ class Cycle:
             entry.update(metric=result["metric"], value=result["value"],
                          split_id=result["split_id"], champion=holder,
                          comparison=cycle_report.compare(result, holder))
+            direct = entry.get("direct", {})
+            if direct.get("done"):  # the first champion-to-be: the checkpoint, not adapted
+                mine = cycle_report.task_result(
+                    artifacts.Artifacts(self.dir).finetune(direct["output"]).dir,
+                    result["metric"], f"cycle.tasks[{i}] ({task.name}, direct)")
+                direct.update(value=mine["value"], split_id=mine["split_id"])
+                if holder is None:
+                    entry["comparison"] = cycle_report.compare_direct(result, mine)
             log.info(f"cycle {self.record['number']}: {task.name}: {entry['comparison']}")
         self._report(final=False)
         self.record["steps"]["evaluate"] = {"done": _now()}
@@ -421,6 +477,11 @@ class Cycle:
                 entry["decision"] = "not registered: the task has no raw-text model to serve"
                 continue
             name = entry["registered_model"]
+            if entry.get("direct", {}).get("done") and not holder:
+                holder = self._register_direct(task, entry)
+                entry.update(champion=holder, comparison=cycle_report.compare(
+                    {"metric": entry["metric"], "value": entry["value"],
+                     "split_id": entry["split_id"]}, holder))
             if not entry.get("version"):
                 with mlflow.start_run(run_id=run_id):  # the version's source run: the cycle's
                     uri, version = mlflow_model.log_to_mlflow(
@@ -445,6 +506,7 @@ class Cycle:
                 f"page: cycle_report.html on run {run_id} ({link})."))
             for key, value in {"cycle.number": record["number"], "cycle.run_id": run_id,
                                "cycle.finetune_run_id": entry["finetune_run_id"],
+                               "cycle.arm": "adapted",
                                "cycle.comparison": entry["comparison"]}.items():
                 self.client.set_model_version_tag(name, version, key, str(value))
             self.client.set_tag(run_id, f"cycle.{task.name}.decision", entry["decision"])
@@ -453,6 +515,39 @@ class Cycle:
         self.client.set_terminated(run_id, "FINISHED")
         self.cycles.close(record, self.config.cycle.keep_cycles)
         return 0
+
+    def _register_direct(self, task, entry: dict) -> dict:
+        """Registers the direct fine-tune of the checkpoint (once) and makes it the champion:
+        the score every adapted model of these cycles must beat on the same test split."""
+        import mlflow
+
+        from pipeline import artifacts
+        from pipeline.serving import mlflow_model
+        from pipeline.tools import cycle_report
+        from pipeline.tracking import runs as tracking
+
+        direct, name = entry["direct"], entry["registered_model"]
+        out = artifacts.Artifacts(self.dir).finetune(direct["output"])
+        if not direct.get("version"):
+            with mlflow.start_run(run_id=self.record["mlflow_run_id"]):
+                uri, version = mlflow_model.log_to_mlflow(
+                    out.dir, json.loads(out.task_json.read_text()), name)
+            direct.update(version=version, model_uri=uri)
+            self.cycles.save(self.record)
+        version = direct["version"]
+        tracking.promote_if_better(name, version, f"test_{entry['metric']}", direct["value"],
+                                   direct["split_id"],
+                                   cycle_report.higher_is_better(entry["metric"]))
+        reason = (f"the published checkpoint {direct['checkpoint']} fine-tuned directly: the "
+                  f"first champion; an adapted model is promoted only if it beats it")
+        for key, value in {"promotion": reason, "cycle.arm": "direct",
+                           "cycle.number": self.record["number"],
+                           "cycle.run_id": self.record["mlflow_run_id"],
+                           "cycle.finetune_run_id": direct["finetune_run_id"]}.items():
+            self.client.set_model_version_tag(name, version, key, str(value))
+        self.client.update_model_version(name, version, description=(
+            f"Cycle {self.record['number']}, task {task.name}: {reason}."))
+        return cycle_report.champion(name, entry["metric"])
 
     # -- MLflow ---------------------------------------------------------------------------------
     def _tracking(self) -> None:
@@ -532,6 +627,10 @@ class Cycle:
             result = cycle_report.task_result(artifacts.Artifacts(self.dir).finetune(task.name).dir,
                                               entry["metric"], task.name)
             tasks[task.name] = {**entry, "result": result}
+            if entry.get("direct", {}).get("done"):
+                tasks[task.name]["direct_result"] = cycle_report.task_result(
+                    artifacts.Artifacts(self.dir).finetune(entry["direct"]["output"]).dir,
+                    entry["metric"], task.name)
         written = cycle_report.write(self.dir / "report", self.record,
                                      cycle_report.pretraining_summary(self.dir), tasks)
         run_id = self.record["mlflow_run_id"]

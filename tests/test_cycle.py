@@ -300,3 +300,50 @@ def test_cycles_train_register_skip_and_promote_only_if_better(run_root, capsys)
     assert json.loads((cycle2 / "cycle.json").read_text())["status"] == "done"
     assert cli.main(args) == cli.EXIT_NOTHING_TO_DO
     print(f"first cycle {first_seconds:.0f} s, all {time.time() - started:.0f} s")
+
+
+@pytest.mark.slow
+def test_cycles_from_a_published_checkpoint_make_its_direct_fine_tune_the_first_champion(
+        run_root, capsys):
+    """`model.init_from` in the cycle's config: the first cycle continues pretraining the
+    checkpoint and also fine-tunes the checkpoint as it is on each task; that direct model is
+    registered first and made champion, and the adapted one is promoted only when it beats it
+    on the same test split. Forced by the direct model's logged score (written before the
+    evaluate step): on topic no accuracy beats it, on topic_b any does."""
+    from tests.test_init_from import write_checkpoint
+
+    checkpoint = write_checkpoint(run_root / "published" / "bert-tiny-uncased", heads=False)
+    make_corpus(run_root / "incoming", documents=30, seed=0)
+    tasks = _task_files(run_root)
+    args = _args(run_root, f"model.init_from={checkpoint}",
+                 "cycle.tasks=" + json.dumps([tasks["topic"], tasks["topic_b"]]))
+    names = {"topic": "bert-cycle-topic", "topic_b": "bert-cycle-topic-b"}
+    assert cli.main([*args, "--step", "pretrain"]) == cli.EXIT_OK
+    assert cli.main([*args, "--step", "finetune"]) == cli.EXIT_OK
+    cycle1 = run_root / "runs" / "test" / "cycles" / "0001"
+    used = yaml.safe_load((cycle1 / "configs" / "finetune-topic_direct.yaml").read_text())
+    assert used["finetune"]["init_from"] == str(checkpoint)  # the checkpoint as it is
+    adapted = yaml.safe_load((cycle1 / "configs" / "finetune-topic.yaml").read_text())
+    assert adapted["finetune"]["init_from"] == str(cycle1 / "pretrain" / "model.keras")
+    for task, forced in (("topic", 2.0), ("topic_b", -1.0)):
+        path = cycle1 / "finetune" / f"{task}_direct" / "metrics.json"
+        metrics = json.loads(path.read_text())
+        metrics["test"]["accuracy"] = forced
+        path.write_text(json.dumps(metrics))
+    capsys.readouterr()
+    assert cli.main(args) == cli.EXIT_OK  # evaluate, promote
+    out = capsys.readouterr().out
+    assert "does not beat the checkpoint fine-tuned directly, 2.0000" in out
+    assert "beats the checkpoint fine-tuned directly, -1.0000" in out
+    client = mlflow.MlflowClient()
+    for task, name in names.items():
+        direct, new = (client.get_model_version(name, v) for v in ("1", "2"))
+        assert direct.tags["cycle.arm"] == "direct" and new.tags["cycle.arm"] == "adapted"
+        assert "fine-tuned directly: the first champion" in direct.tags["promotion"]
+        assert new.tags["eval.test_split"] == direct.tags["eval.test_split"]
+        value, holder = (float(v.tags["eval.test_accuracy"]) for v in (new, direct))
+        promoted = str(client.get_model_version_by_alias(name, "champion").version) == "2"
+        assert promoted == (value > holder), (task, value, holder)  # the decision = the numbers
+        assert promoted == (task == "topic_b")
+    page = (cycle1 / "report" / "cycle_report.html").read_text()
+    assert "topic: direct vs adapted" in page and "topic_b: direct vs adapted" in page

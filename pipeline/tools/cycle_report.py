@@ -88,6 +88,19 @@ def compare(result: dict, holder: dict | None) -> str:
             f"v{holder['version']}'s {holder['value']:.4f} ({value - holder['value']:+.4f})")
 
 
+def compare_direct(result: dict, direct: dict) -> str:
+    """One line: the adapted model against the published checkpoint fine-tuned directly on
+    the same task (the first champion-to-be)."""
+    metric, value, theirs = f"test_{result['metric']}", result["value"], direct["value"]
+    if direct["split_id"] != result["split_id"]:
+        return (f"{metric} {value:.4f}; the direct fine-tune was evaluated on another test "
+                f"split: not comparable")
+    higher = higher_is_better(result["metric"])
+    better = value > theirs if higher else value < theirs
+    return (f"{metric} {value:.4f} {'beats' if better else 'does not beat'} the checkpoint "
+            f"fine-tuned directly, {theirs:.4f} ({value - theirs:+.4f})")
+
+
 def curves_png(history: list, metric: str, out: Path) -> Path | None:
     """The fine-tuning curves (training loss, validation metric per epoch) as a small PNG."""
     if not history:
@@ -151,6 +164,15 @@ def _tables(record: dict, pretraining: dict, tasks: dict) -> list[tuple[str, lis
     tables.append(("Against the champion (same test split)",
                    ["task", "registered model", "metric", "this cycle", "champion", "decision"],
                    rows))
+    for name, task in tasks.items():
+        direct, result = task.get("direct_result"), task["result"]
+        if direct:
+            keys = sorted(set(result["test"]) & set(direct["test"]))
+            tables.append((f"{name}: direct vs adapted (the published checkpoint fine-tuned as "
+                           f"it is, and after this cycle's pretraining; same test split)",
+                           ["model", *keys],
+                           [["direct", *(_cell(direct["test"][k]) for k in keys)],
+                            ["adapted", *(_cell(result["test"][k]) for k in keys)]]))
     rows = []
     for name, task in tasks.items():
         best = task["result"].get("best_baseline")
