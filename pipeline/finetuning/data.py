@@ -22,6 +22,7 @@ from pipeline.finetuning import tasks
 from pipeline.finetuning.readers import (
     GLUE_TASKS,
     FinetuneDataError,
+    QAExample,
     TaskData,
     TokenExample,
     read_brown_genre,
@@ -234,3 +235,22 @@ def load_task(fc, brown_tarball=None) -> TaskData:
     splits["counts"] = {"train": len(train), "validation": len(validation), "test": len(test),
                         **{k: len(v) for k, v in extra_tests.items()}}
     return TaskData(train, validation, {"test": test, **extra_tests}, labels, splits, metric, pair)
+
+
+def training_text(data: TaskData) -> list[str]:
+    """The raw text of the training split, one document per example, for task-adaptive
+    pretraining (`python -m pipeline adapt`): a text and its pair, a tagged sentence's words,
+    a question and its context. Never the validation or test text."""
+    out = []
+    for e in data.train:
+        if isinstance(e, TokenExample):
+            parts = [" ".join(e.words)]
+        elif isinstance(e, QAExample):
+            parts = [e.question, e.context]
+        else:
+            parts = [e.text, e.text_pair or ""]
+        text = "\n".join(p.strip() for p in parts if p and p.strip())
+        if text:
+            out.append(text)
+    return out
+
