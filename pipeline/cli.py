@@ -65,6 +65,7 @@ TOOLS = {
     "attention": "pipeline.tools.inspect_model:main",
     "embed": "pipeline.tools.inspect_model:main",
     "predict": "pipeline.tools.predict:main",
+    "serve": "pipeline.tools.serve:main",  # a registered model over HTTP (MLflow's scoring server)
     "retrieval-eval": "pipeline.tools.retrieval_eval:main",  # symmetric vs passage-level search
     "params": "models.params:main",  # parameter breakdown of a .keras model or a preset
     # MLflow calls a run kept while the tracking store was down, sent now

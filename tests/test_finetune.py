@@ -154,6 +154,67 @@ def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder
     assert row["label"] == labels[int(probs[1].argmax())]
     assert row[f"score_{row['label']}"] == pytest.approx(float(probs[1].max()), abs=1e-5)
 
+    # python -m pipeline serve: the champion over HTTP answers what `predict` printed; a
+    # malformed request is a 400 with its reason.
+    answer, bad = serve_and_post(uri, "models:/bert-test@champion", texts[1])
+    assert answer == {"predictions": [{k: v for k, v in row.items() if k != "text"}]}
+    assert bad[0] == 400 and "JSON" in bad[1]
+
+
+def serve_and_post(uri: str, model: str, text: str):
+    """Starts `python -m pipeline serve` on a free loopback port, posts `text`, then a
+    malformed body; returns (the answer, (status, reason) of the malformed one)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "serve", "--model", model, "--port", str(port),
+         "--tracking-uri", uri], start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    base = f"http://127.0.0.1:{port}"
+
+    def post(body: bytes):
+        request = urllib.request.Request(f"{base}/invocations", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    try:
+        deadline = time.time() + 240
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{base}/ping", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.time() < deadline, "the server did not answer /ping in 240 s"
+            time.sleep(2)
+        answer = post(json.dumps({"dataframe_records": [{"text": text}]}).encode())
+        try:
+            post(b"not json")
+            bad = (200, "")
+        except urllib.error.HTTPError as err:
+            bad = (err.code, json.loads(err.read())["message"])
+        return answer, bad
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
 
 def test_sentence_pair_regression_export(tmp_path, encoder_files):
     """[CLS] A [SEP] B [SEP] inputs with a regression head (Pearson/Spearman); the exported
