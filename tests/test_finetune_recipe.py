@@ -46,6 +46,7 @@ def topic_config(tmp_path, encoder_files, rows: int, *overrides):
                        "finetune.random_init_baseline=false", *overrides)
 
 
+@pytest.mark.slow  # 45-65 s on 2 shared cores: four fine-tunings
 def test_recipe_auto_chooses_on_validation_and_the_final_run_uses_the_choice(
         tmp_path, encoder_files, sqlite_mlflow, pipeline_lines):
     """Three learning rates, each up to 2 epochs: the chosen point is the argmax of the
@@ -79,6 +80,8 @@ def test_recipe_auto_chooses_on_validation_and_the_final_run_uses_the_choice(
                            f"{best['best_epoch']} epoch(s) (validation accuracy "
                            f"{best['validation_accuracy']:.4f}; tried 3 point(s) in ")
     assert f"finetune: {line}" in pipeline_lines
+    cli._summary(config, artifacts.Artifacts(config.run_dir), {"finetune": results})
+    assert f"  recipe       {line.removeprefix('recipe auto ')}" in pipeline_lines  # the CLI's
     written = json.loads(artifacts.Artifacts(config.run_dir).finetune("topic").metrics.read_text())
     assert written["recipe"]["learning_rate"] == best["learning_rate"]
     assert [p["validation_accuracy"] for p in written["recipe"]["points"]] == values
@@ -131,6 +134,11 @@ def test_recipe_auto_shares_the_budget_and_skips_points_it_cannot_start(
     assert points[0]["stopped_for_time"] and points[0]["trained_steps"] < 200 * 16
     for p in points[1:]:
         assert "best_epoch" in p or p["skipped"] == "the search's budget is spent"
+    tried = [p for p in points if "best_epoch" in p]
+    values = [p["validation_accuracy"] for p in tried]
+    best = tried[values.index(max(values))]  # the argmax of the validation values
+    assert (choice.config.finetune.learning_rate, choice.config.finetune.epochs) == \
+        (best["learning_rate"], best["best_epoch"])
     assert choice.config.finetune.max_seconds >= 4.0  # the final run's share, at least
     assert choice.config.finetune.max_seconds == choice.report["final_max_seconds"]
     assert choice.config.finetune.recipe == "fixed"
