@@ -43,7 +43,7 @@ class Choice:
 def choose(config: Config) -> Choice:
     """Tries every rate of finetune.recipe_learning_rates on the validation split (see the
     module's docstring) and returns the final run's config and what was tried; logs the choice
-    on the active MLflow run (params recipe.*, tag finetune.recipe, recipe_* metrics)."""
+    on the active MLflow run (tags finetune.recipe*, recipe_* metrics)."""
     fc = config.finetune
     started = time.time()
     budget = fc.max_seconds
