@@ -408,6 +408,10 @@ def _summary(config, paths, results) -> None:
         log.info(f"  sweep        best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: "
                  f"{metric} {best['validation'][metric.removeprefix('validation_')]:.4f} "
                  f"(MLflow run {best['mlflow_run_id']})")
+    finetuned = results.get("finetune")
+    recipe = finetuned.get("recipe") if isinstance(finetuned, dict) else None
+    if recipe and recipe.get("line"):  # finetune.recipe = auto: what it tried and chose
+        log.info(f"  recipe       {recipe['line'].removeprefix('recipe auto ')}")
     if paths.pretrain_eval.exists():
         ev = json.loads(paths.pretrain_eval.read_text())
         nsp = (f"{ev['eval_nsp_accuracy']:.4f}" if "eval_nsp_accuracy" in ev

@@ -350,12 +350,14 @@ def test_sweep_runs_the_grid_as_child_runs_and_reports_the_best(tmp_path, monkey
     stubbed: it is tested above)."""
     seen = []
 
-    def fake_run(config, write_outputs=True):
+    def fake_run(config, write_outputs=True, evaluate_test=True):
         fc = config.finetune
+        assert not fc.baselines  # the points are compared with each other: no baselines
         seen.append((fc.learning_rate, fc.freeze, write_outputs))
         score = fc.learning_rate * (2 if fc.freeze == "none" else 1)
         return {"metric": "accuracy", "validation": {"accuracy": score},
-                "test": {"accuracy": score / 2}, "best_epoch": 1, "seconds": 0.0}
+                "test": {"accuracy": score / 2}, "best_epoch": 1, "seconds": 0.0,
+                "trained_steps": 1}
 
     monkeypatch.setattr(sweep_lib, "fine_tune", fake_run)
     config = config_lib.load(None, [f"run_dir={tmp_path}/run", "finetune.name=sw",

@@ -341,6 +341,25 @@ class FinetuneConfig:
     batch_size: int = key(32, "examples per forward/backward pass", ge=1, le=4096)
     epochs: int = key(3, "passes over the training split (counted in updates)", ge=1, le=1000)
     max_steps: int = key(0, "stop after this many updates; 0: epochs decide", ge=0)
+    max_seconds: float = key(0.0, "stop training after this many seconds (the per-epoch "
+                                  "validation included), keep the best epoch so far, then "
+                                  "evaluate and write as after the last epoch; with recipe auto "
+                                  "the search and the final run share it; 0: no limit", ge=0.0)
+    recipe: str = key("fixed", "fixed: train with learning_rate and epochs as given | auto: "
+                               "first try each of recipe_learning_rates on the validation split "
+                               "(each as many epochs as finetune.epochs says, at most; no test, "
+                               "no baselines), then train the best rate for its best number of "
+                               "epochs (docs/finetuning.md#a-recipe-that-finds-itself)",
+                      choices=("fixed", "auto"))
+    recipe_learning_rates: list = key(  # noqa: RUF009 (key() makes the field)
+        ["2e-5", "5e-5", "1e-4", "3e-4"], "recipe auto: the learning rates tried (BERT-Base/"
+                                          "Large do best at 2e-5..5e-5, Google's small BERTs at "
+                                          "1e-4..3e-4)", allowed="numbers > 0 and <= 0.01, "
+                                                             "at least one")
+    recipe_search_fraction: float = key(0.5, "recipe auto with max_seconds: the share of the "
+                                             "budget the search gets (split evenly over the "
+                                             "points not yet run); the final run gets the rest",
+                                        gt=0.0, le=0.9)
     warmup_fraction: float = key(0.1, "share of the updates spent warming up", ge=0.0, le=0.5)
     weight_decay: float = key(0.01, "decoupled weight decay", ge=0.0, le=1.0)
     clipnorm: float = key(1.0, "clip by the global norm; 0: no clipping", ge=0.0)

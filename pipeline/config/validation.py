@@ -289,6 +289,19 @@ def _validate_finetune(config: Config, source: str) -> None:
                               f"longer than a window (finetune.max_seq_length - 2 = "
                               f"{fc.max_seq_length - 2} pieces), so text would be skipped; it "
                               f"must be >= 1 and <= {fc.max_seq_length - 2}")
+    if not fc.recipe_learning_rates:
+        raise ConfigError(f"{source}: key finetune.recipe_learning_rates is empty; give the "
+                          f"learning rates recipe auto tries, e.g. "
+                          f"finetune.recipe_learning_rates='[2e-5, 5e-5, 1e-4, 3e-4]'")
+    for rate in fc.recipe_learning_rates:
+        try:
+            value = float(rate)
+        except ValueError:
+            value = math.nan
+        if not 0.0 < value <= 0.01:  # finetune.learning_rate's range (NaN fails too)
+            raise ConfigError(f"{source}: key finetune.recipe_learning_rates item {rate!r} is not "
+                              f"a learning rate; each must be a number > 0 and <= 0.01 "
+                              f"(e.g. [2e-5, 5e-5, 1e-4, 3e-4])")
     for item in fc.sweep:
         key, _, values = item.partition("=")
         if not values or key.strip() not in {f.name for f in dataclasses.fields(FinetuneConfig)}:

@@ -28,6 +28,7 @@ class EpochEvaluator(keras.callbacks.Callback):
         self.to_mlflow, self.label = to_mlflow, label
         self.best, self.best_epoch, self.best_weights, self.history = -np.inf, -1, None, []
         self.best_result = None
+        self.stopped_for_time = False  # set by the trainer: finetune.max_seconds ended training
         self.start = time.time()
 
     def on_epoch_end(self, epoch, logs=None):

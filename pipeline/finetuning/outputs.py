@@ -30,6 +30,10 @@ def registered_name(fc) -> str:
 
 
 def _report(results: dict, data: readers.TaskData) -> None:
+    if "test" not in results:  # a point of recipe auto's search: validation only
+        log.info(f"finetune: validation {data.metric} {results['validation'][data.metric]:.4f} "
+                 f"(epoch {results['best_epoch']}; the test split not evaluated)")
+        return
     keys = [k for k, v in results["test"].items() if isinstance(v, float)]
     keys = sorted(keys, key=lambda k: (k != data.metric, k))[:4]
     log.info(f"finetune: test ({len(data.test):,} examples)   " +
@@ -38,6 +42,8 @@ def _report(results: dict, data: readers.TaskData) -> None:
         log.info(f"finetune: baseline {name:<18}" +
                  "   ".join(f"{k} {result[k]:.4f}" for k in keys if k in result) +
                  (f"   ({result['chosen']})" if result.get("chosen") else ""))
+    if results.get("recipe", {}).get("line"):
+        log.info(f"finetune: {results['recipe']['line']}")
     best = results.get("best_baseline")
     if best:
         (log.warning if best["margin_points"] < 0 else log.info)(f"finetune: {best['line']}")
@@ -114,6 +120,8 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         if key in results:
             flat[key] = float(results[key])
     flat["finetune_seconds"] = results["seconds"]
+    flat["trained_steps"] = float(results.get("trained_steps", 0))  # < planned: max_seconds
+    flat["stopped_for_time"] = float(bool(results.get("stopped_for_time")))
     outbox.log_metrics(flat)  # kept if the tracking store is down
     for path in (paths.metrics, paths.splits, paths.task_json, paths.config,
                  paths.test_predictions, paths.confusion_matrix):

@@ -177,7 +177,8 @@ WEIGHTS = "ckpt.weights.h5"  # seeds_file(): ckpt.seeds.json beside it
 NOT_SHAPING = frozenset({"jit_compile", "steps_per_execution", "checkpoint_every",
                          "keep_checkpoints", "baselines", "random_init_baseline",
                          "register_model", "registered_model", "sweep", "n_best",
-                         "max_answer_length", "null_score_threshold"})
+                         "max_answer_length", "null_score_threshold", "max_seconds",
+                         "recipe", "recipe_learning_rates", "recipe_search_fraction"})
 
 
 def run_settings(config, data, model_path: Path, vocab_path: Path) -> dict:

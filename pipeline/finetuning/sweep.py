@@ -17,6 +17,7 @@ from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.finetuning.task_model import FinetuneError, output_name
 from pipeline.finetuning.train import fine_tune
+from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
 
@@ -53,34 +54,14 @@ def sweep(config: Config, grid: dict | None = None) -> dict:
     log.info(f"sweep: {len(points)} points over {', '.join(keys)}")
     results = []
     for i, point in enumerate(points, start=1):
-        overrides = [f"finetune.{k}={v}" for k, v in point.items()]
-        # Re-validate every point (ranges, cross-checks) through the config loader.
-        raw = config_lib.to_dict(config)
-        for k, v in point.items():
-            raw["finetune"][k] = v
-        raw["finetune"]["sweep"] = []
-        point_config = config_lib.from_dict(raw, f"sweep point {' '.join(overrides)}")
         label = " ".join(f"{k}={v}" for k, v in point.items())
         log.info(f"sweep: point {i}/{len(points)}: {label}")
-        parent = mlflow.active_run()
-        context = (mlflow.start_run(run_name=f"sweep {i}: {label}", nested=True,
-                                    experiment_id=parent.info.experiment_id,
-                                    tags={"pipeline.stage": "finetune-sweep"})
-                   if parent else contextlib.nullcontext())
-        with context as child:
-            if child is not None:
-                mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
-            result = fine_tune(point_config, write_outputs=False)
-            if child is not None:  # the kept epoch's metrics, comparable across the points
-                mlflow.log_metrics({**{f"validation_{k}": v for k, v in
-                                       _floats(result["validation"]).items()},
-                                    **{f"test_{k}": v for k, v in
-                                       _floats(result["test"]).items()}})
+        result, run_id = run_point(point_config(config, point, "sweep point"),
+                                   f"sweep {i}: {label}", "finetune-sweep", point)
         results.append({"point": point, "metric": result["metric"],
                         "validation": _floats(result["validation"]),
                         "test": _floats(result["test"]), "best_epoch": result["best_epoch"],
-                        "seconds": result["seconds"],
-                        "mlflow_run_id": child.info.run_id if child is not None else None})
+                        "seconds": result["seconds"], "mlflow_run_id": run_id})
     metric = results[0]["metric"]
     best = max(results, key=lambda r: r["validation"][metric])
     summary = {"metric": f"validation_{metric}", "grid": grid, "points": results, "best": best}
@@ -97,6 +78,41 @@ def sweep(config: Config, grid: dict | None = None) -> dict:
             mlflow.set_tag("sweep.best_run_id", best["mlflow_run_id"])
         mlflow.log_artifact(str(paths.sweep), "sweep")
     return summary
+
+
+def point_config(config: Config, point: dict, where: str, **fixed) -> Config:
+    """`config` with a grid point's finetune.* values (and `fixed` finetune.* values), checked
+    again by the config loader (ranges, cross-checks): the config one point trains with. A
+    point trains no baselines (the points are compared with each other, not with them) and
+    runs no grid of its own."""
+    raw = config_lib.to_dict(config)
+    raw["finetune"].update({**point, "sweep": [], "baselines": False, **fixed})
+    overrides = " ".join(f"finetune.{k}={v}" for k, v in point.items())
+    return config_lib.from_dict(raw, f"{where} {overrides}")
+
+
+def run_point(point_config: Config, run_name: str, stage_tag: str, point: dict,
+              evaluate_test: bool = True) -> tuple[dict, str | None]:
+    """One fine-tuning of `point_config`, nothing written, as a nested MLflow run of the active
+    run (if any) named `run_name` with the tag pipeline.stage = `stage_tag` and the `point` as
+    params; its kept epoch's validation (and, with `evaluate_test`, test) metrics logged there.
+    Returns (the fine-tuning's results, the nested run's id or None)."""
+    parent = mlflow.active_run()
+    context = (mlflow.start_run(run_name=run_name, nested=True,
+                                experiment_id=parent.info.experiment_id,
+                                tags={"pipeline.stage": stage_tag})
+               if parent else contextlib.nullcontext())
+    with context as child:
+        if child is not None:
+            mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
+        result = fine_tune(point_config, write_outputs=False, evaluate_test=evaluate_test)
+        if child is not None:  # the kept epoch's metrics, comparable across the points
+            outbox.log_metrics({
+                **{f"validation_{k}": v for k, v in _floats(result["validation"]).items()},
+                **{f"test_{k}": v for k, v in _floats(result.get("test", {})).items()},
+                "best_epoch": float(result["best_epoch"]),
+                "trained_steps": float(result["trained_steps"])})
+    return result, child.info.run_id if child is not None else None
 
 
 def _floats(d: dict) -> dict:

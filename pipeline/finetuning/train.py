@@ -9,8 +9,8 @@ Reads top to bottom:
      training and evaluation stream them;
   3. inside the tf.distribute strategy: the task model (models/heads.py) on that encoder, the
      freeze strategy, AdamW with linear warmup and decay;
-  4. `model.fit` for `epochs` (or `max_steps`), the validation metric after every epoch, the
-     best epoch's weights kept;
+  4. `model.fit` for `epochs` (or `max_steps`, or until `max_seconds` of training), the
+     validation metric after every epoch, the best epoch's weights kept;
   5. validation and test metrics (pipeline/finetuning/metrics.py), the baselines on the same
      test split (majority class, bag-of-words logistic regression; per task), a
      confusion-matrix PNG;
@@ -52,8 +52,13 @@ log = logging.getLogger(__name__)
 NOTES_SAMPLE = 2000  # training examples whose features the log's notes describe
 
 
-def fine_tune(config: Config, write_outputs: bool = True) -> dict:
-    """Fine-tunes, evaluates and (if `write_outputs`) writes + logs + registers the model."""
+def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = True,
+              recipe: dict | None = None) -> dict:
+    """Fine-tunes, evaluates and (if `write_outputs`) writes + logs + registers the model.
+
+    `evaluate_test` false (a point of recipe auto's search): the test split(s) are not
+    evaluated, so nothing chosen from the results can have seen them. `recipe`: what recipe
+    auto tried and chose (pipeline/finetuning/recipe.py), kept in the results (metrics.json)."""
     from pipeline.training import strategy as strategy_lib
 
     fc = config.finetune
@@ -129,17 +134,23 @@ def fine_tune(config: Config, write_outputs: bool = True) -> dict:
     checkpoints = (runtime.Checkpoints.for_run(config, data, model_path, vocab_path,
                                                output_name(fc)) if write_outputs else None)
     evaluator = train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
-                                 to_mlflow=True, checkpoints=checkpoints)
+                                 to_mlflow=True, checkpoints=checkpoints,
+                                 max_seconds=fc.max_seconds)
     train_seconds = time.time() - started
 
     # 5. Evaluate: validation, test(s), baselines.
     results = {"task": task.name, "dataset": fc.dataset, "metric": data.metric,
-               "best_epoch": evaluator.best_epoch, "history": evaluator.history}
+               "best_epoch": evaluator.best_epoch, "history": evaluator.history,
+               "learning_rate": fc.learning_rate, "planned_steps": total_steps,
+               "trained_steps": int(evaluator.history[-1]["step"]) if evaluator.history else 0,
+               "max_seconds": fc.max_seconds, "stopped_for_time": evaluator.stopped_for_time}
+    if recipe is not None:
+        results["recipe"] = recipe
     predictions = {}
     results["validation"] = evaluator.best_result  # the kept epoch's validation metrics
-    for name in data.tests:
+    for name in (data.tests if evaluate_test else ()):
         results[name], predictions[name] = task.evaluate(model, splits[name], data, encoder)
-    if fc.baselines:
+    if fc.baselines and evaluate_test:
         results["baselines"] = task.baselines(data, fc.seed)
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
             results["baselines"]["random_init"] = random_init_baseline(
@@ -169,11 +180,14 @@ def build_trainable(task, backbone, data, fc, total_steps: int):
 
 def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: int,
                      epochs: int, to_mlflow: bool = True, checkpoints=None,
-                     label: str = "finetune") -> EpochEvaluator:
+                     label: str = "finetune", max_seconds: float = 0.0) -> EpochEvaluator:
     """`model.fit` for `epochs` (at most `total_steps` updates), the validation metric after
     every epoch; the best epoch's weights are put back. Returns the evaluator (history, best).
     With `checkpoints` (runtime.Checkpoints): resumes from the latest, writes them. `label`
-    begins each progress line."""
+    begins each progress line. `max_seconds` (0: none): training stops once that many seconds
+    have passed since it began (the per-epoch validation included; a resumed run counts from
+    its resumption), the interrupted epoch is evaluated and the best epoch so far kept
+    (`evaluator.stopped_for_time` says so)."""
     def evaluate_validation():
         return task.evaluate(model, splits["validation"], data, encoder)[0]
 
@@ -182,11 +196,19 @@ def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: 
     train = splits["train"]
     steps_per_epoch = runtime.updates_per_epoch(len(train), fc)
     examples_per_update = fc.batch_size * runtime.accumulation(fc)
+    began = time.time()
+    stop = StopAt(total_steps, max_seconds, lambda: time.time() - began)
     runtime.fit(model, train, fc, total_steps, epochs, evaluator,
-                [StopAt(total_steps), evaluator,
+                [stop, evaluator,
                  Progress(max(10, steps_per_epoch // 4), total_steps, examples_per_update,
                           to_mlflow=to_mlflow, label=label)],
                 checkpoints)
+    evaluator.stopped_for_time = stop.stopped_early
+    if stop.stopped_early:
+        step = evaluator.history[-1]["step"] if evaluator.history else 0
+        log.info(f"{label}: stopped at step {step} of {total_steps} after {time.time() - began:.0f} "
+                 f"s of training (finetune.max_seconds = {max_seconds:g}); the best epoch so far "
+                 f"is kept")
     if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
         model.set_weights(evaluator.best_weights)
         log.info(f"{label}: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
@@ -203,6 +225,7 @@ def random_init_baseline(task, backbone, splits: dict, data, fc, total_steps: in
         fresh = type(backbone).from_config(backbone.get_config())
         model, encoder = build_trainable(task, fresh, data, fc, total_steps)
     train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
-                     to_mlflow=False, label="finetune (random init)")
+                     to_mlflow=False, label="finetune (random init)",
+                     max_seconds=fc.max_seconds)
     return task.evaluate(model, splits["test"], data, encoder)[0]
 

@@ -56,6 +56,10 @@ def run(config: Config, tasks="") -> dict:
     log.info(f"glue: {len(chosen)} task(s) from {fc.glue_dir}: {', '.join(chosen)}; encoder "
              f"{init_from}; " + (f"{len(points)} points per task ({', '.join(grid)}), the best by "
                                  f"dev score" if grid else f"learning rate {fc.learning_rate}"))
+    if fc.recipe == "auto":
+        log.warning("glue: finetune.recipe = auto applies to the finetune stage only; here each "
+                    f"task trains at learning_rate {fc.learning_rate:g} for {fc.epochs} epoch(s) "
+                    "(give finetune.sweep a grid to choose per task by dev score)")
     for task in chosen:
         for path in glue.missing_test_files(fc.glue_dir, task):
             log.warning(f"glue: {path} is missing: no submission file for {task}")
