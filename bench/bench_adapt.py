@@ -35,7 +35,8 @@ Honestly: on Brown the DAPT corpus (whole training documents) and the TAPT corpu
 documents cut into passages) overlap heavily -- they are nearly the same text, so DAPT and TAPT
 differ here in budget, document length and cutting, not in domain. A real DAPT corpus would be
 more text of the domain than the task holds. TAPT uses every training passage, also those not
-in the --max-train sample (unlabelled text of the task, as Gururangan et al. 2020 allow).
+in the --max-train sample (unlabelled text of the task, as Gururangan et al. 2020 allow);
+--dapt-max-docs and --tapt-max-passages cap the two corpora (seeded samples; --quick uses them).
 
 Reported per arm: test macro-F1 median and min-max over the seeds, and the arm's wall time:
 its pretraining runs' wall (corpus -> vocab -> data -> pretrain; dapt+tapt counts both) plus
@@ -76,7 +77,7 @@ ARMS = ("direct", "dapt", "tapt", "dapt+tapt")
 CPT_CONFIG = "configs/continue_pretraining.yaml"
 # --quick: checks the flow only (its figures are not the goal's)
 QUICK = {"max_train": 300, "seeds": "1", "epochs": 1, "dapt_seconds": 60.0,
-         "tapt_seconds": 60.0, "dapt_max_docs": 40}
+         "tapt_seconds": 60.0, "dapt_max_docs": 40, "tapt_max_passages": 1000}
 GAIN = 0.01  # the goal: +1 point macro-F1 over direct
 TIME_FACTOR = 2.0
 
@@ -116,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--tapt-seconds", type=float, default=120.0, help="TAPT's train.max_seconds")
     p.add_argument("--dapt-max-docs", type=int, default=0,
                    help="a seeded sample of this many training documents for DAPT (0: all)")
+    p.add_argument("--tapt-max-passages", type=int, default=0,
+                   help="a seeded sample of this many training passages for TAPT (0: all)")
     p.add_argument("--sample-seed", type=int, default=12345,
                    help="seed of the --max-train and --dapt-max-docs samples")
     p.add_argument("--work", default="runs/bench-adapt", help="emptied first")
@@ -133,8 +136,8 @@ def parse_args(argv=None):
         p.error(f"--seeds {args.seeds!r}: {err}")
     if min(args.seq_len, args.epochs, args.batch_size) < 1 or args.seq_len < 8:
         p.error("--seq-len must be >= 8, --epochs and --batch-size >= 1")
-    if args.max_train < 0 or args.dapt_max_docs < 0:
-        p.error("--max-train and --dapt-max-docs must be >= 0 (0: all)")
+    if min(args.max_train, args.dapt_max_docs, args.tapt_max_passages) < 0:
+        p.error("--max-train, --dapt-max-docs and --tapt-max-passages must be >= 0 (0: all)")
     if not args.learning_rate > 0:
         p.error(f"--learning-rate must be > 0, not {args.learning_rate:g}")
     if not (args.dapt_seconds > 0 and args.tapt_seconds > 0):
@@ -285,7 +288,8 @@ def load_split(args):
         write_tsv(args.work / "data" / f"{name}.tsv", split_rows)
     groups = data.splits["split"]["groups"]
     return {"rows": rows, "labels": list(data.labels), "groups": groups,
-            "tapt_text": finetune_data.training_text(data),
+            "tapt_text": cap(finetune_data.training_text(data), args.tapt_max_passages,
+                             args.sample_seed),
             "counts": {k: len(v) for k, v in rows.items()},
             "train_all": len(data.train)}
 
@@ -430,7 +434,7 @@ def main(argv=None) -> int:
         tapt_corpus.write_text("".join(json.dumps({"text": t}) + "\n"
                                        for t in split["tapt_text"]), encoding="utf-8")
         print(f"\ncorpora: DAPT {len(documents)} training documents ({size:,} bytes); TAPT "
-              f"{len(split['tapt_text']):,} training passages "
+              f"{len(split['tapt_text']):,} of the {split['train_all']:,} training passages "
               f"({tapt_corpus.stat().st_size:,} bytes); no validation or test document")
         base = baselines_on_tsv(args.work / "data", split["labels"], args.sample_seed)
         baseline = {"best": base["best"], "macro_f1": base[base["best"]]["macro_f1"],

@@ -102,9 +102,10 @@ def test_finetune_command_is_the_same_recipe_for_every_arm(tmp_path):
 def test_quick_sets_tiny_budgets_unless_given():
     args = bench.parse_args(["--quick", "--max-train", "200"])
     assert args.max_train == 200 and args.seeds == [1] and args.epochs == 1
-    assert args.dapt_seconds == 60 and args.tapt_seconds == 60
+    assert args.dapt_seconds == 60 and args.tapt_seconds == 60 and args.tapt_max_passages == 1000
     full = bench.parse_args([])
     assert full.seeds == [1, 2, 3] and full.max_train == 1500 and full.epochs == 2
+    assert full.dapt_max_docs == 0 and full.tapt_max_passages == 0
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -112,6 +113,7 @@ def test_quick_sets_tiny_budgets_unless_given():
     (["--seeds", ","], "one or more"),
     (["--seeds", "1,1"], "repeated"),
     (["--max-train", "-1"], "--max-train"),
+    (["--tapt-max-passages", "-5"], "--tapt-max-passages"),
     (["--epochs", "0"], "--epochs"),
     (["--seq-len", "4"], "--seq-len"),
     (["--learning-rate", "0"], "--learning-rate"),
