@@ -115,6 +115,9 @@ def parse_args(argv=None):
     p.add_argument("--dapt-seconds", type=float, default=120.0,
                    help="DAPT's train.max_seconds (training only; the data stages add to it)")
     p.add_argument("--tapt-seconds", type=float, default=120.0, help="TAPT's train.max_seconds")
+    p.add_argument("--pretrain", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of configs/continue_pretraining.yaml for every continued "
+                        "pretraining, e.g. train.warmup_steps=10 (repeat it)")
     p.add_argument("--dapt-max-docs", type=int, default=0,
                    help="a seeded sample of this many training documents for DAPT (0: all)")
     p.add_argument("--tapt-max-passages", type=int, default=0,
@@ -138,6 +141,9 @@ def parse_args(argv=None):
         p.error("--seq-len must be >= 8, --epochs and --batch-size >= 1")
     if min(args.max_train, args.dapt_max_docs, args.tapt_max_passages) < 0:
         p.error("--max-train, --dapt-max-docs and --tapt-max-passages must be >= 0 (0: all)")
+    bad = [o for o in args.pretrain if "=" not in o or not o.split("=", 1)[0].strip()]
+    if bad:
+        p.error(f"--pretrain {bad[0]!r}: give KEY=VALUE, e.g. train.warmup_steps=10")
     if not args.learning_rate > 0:
         p.error(f"--learning-rate must be > 0, not {args.learning_rate:g}")
     if not (args.dapt_seconds > 0 and args.tapt_seconds > 0):
@@ -239,10 +245,11 @@ def finetune_command(config: str, run_dir: Path, data: Path, init: Path, vocab: 
 
 
 def pretrain_command(init: Path, run_dir: Path, corpus: str, fmt: str, seconds: float,
-                     tracking_uri: str) -> list:
-    """`python -m pipeline all` continuing `init` on `corpus` for `seconds` of training."""
+                     tracking_uri: str, overrides: tuple = ()) -> list:
+    """`python -m pipeline all` continuing `init` on `corpus` for `seconds` of training, with
+    the bench's --pretrain `overrides` before its own keys."""
     extra = ["corpus.text_key=text"] if fmt == "jsonl" else []
-    return [sys.executable, "-m", "pipeline", "all", "--config", CPT_CONFIG,
+    return [sys.executable, "-m", "pipeline", "all", "--config", CPT_CONFIG, *overrides,
             f"model.init_from={init}", f"run_dir={run_dir}", "corpus.source=files",
             f"corpus.path={corpus}", f"corpus.format={fmt}", *extra,
             f"train.max_seconds={seconds:g}", f"tracking.tracking_uri={tracking_uri}"]
@@ -322,7 +329,7 @@ def pretrain(args, name: str, init: Path, corpus: str, fmt: str, seconds: float,
     from pipeline.artifacts import Artifacts
 
     run_dir = args.work / name
-    command = pretrain_command(init, run_dir, corpus, fmt, seconds, uri)
+    command = pretrain_command(init, run_dir, corpus, fmt, seconds, uri, args.pretrain)
     print(f"\n{name}: {' '.join(command[1:])}", flush=True)
     child = run(args, command, name,
                 lambda line: "held-out" in line or "stopped at" in line)
@@ -418,6 +425,7 @@ def main(argv=None) -> int:
     print(f"  recipe: seq {args.seq_len}, {args.epochs} epoch(s), batch {args.batch_size}, lr "
           f"{args.learning_rate:g}, seeds {','.join(map(str, args.seeds))}; DAPT "
           f"{args.dapt_seconds:g} s, TAPT {args.tapt_seconds:g} s of training"
+          + (f"; pretraining overrides {' '.join(args.pretrain)}" if args.pretrain else "")
           + ("\n  --quick: checks the flow; its figures are not the goal's" if args.quick
              else ""), flush=True)
 

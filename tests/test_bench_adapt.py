@@ -118,6 +118,7 @@ def test_quick_sets_tiny_budgets_unless_given():
     (["--seq-len", "4"], "--seq-len"),
     (["--learning-rate", "0"], "--learning-rate"),
     (["--dapt-seconds", "0"], "--dapt-seconds"),
+    (["--pretrain", "train.warmup_steps"], "KEY=VALUE"),
     (["--max-train", "many"], "invalid int"),
 ])
 def test_bad_arguments_one_line_exit_2(argv, words, capsys):
@@ -136,3 +137,16 @@ def test_bad_config_and_checkpoint_one_line_exit_2(tmp_path, capsys):
     assert bench.main(["--checkpoint", str(tmp_path), "--work", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--checkpoint" in err and "config.json" in err
+
+
+def test_pretrain_command_keeps_the_bench_keys_last(tmp_path):
+    command = bench.pretrain_command(tmp_path / "m.keras", tmp_path / "run", "c/*.txt",
+                                     "google", 120, "sqlite:///x",
+                                     ("train.warmup_steps=10", "train.max_seconds=5"))
+    keys = [a for a in command if "=" in a]
+    assert keys.index("train.warmup_steps=10") < keys.index("corpus.source=files")
+    assert keys[-2:] == ["train.max_seconds=120", "tracking.tracking_uri=sqlite:///x"]
+    assert "corpus.text_key=text" not in command
+    jsonl = bench.pretrain_command(tmp_path / "m.keras", tmp_path / "run", "t.jsonl", "jsonl",
+                                   60, "sqlite:///x")
+    assert "corpus.format=jsonl" in jsonl and "corpus.text_key=text" in jsonl
