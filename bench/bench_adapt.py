@@ -1,7 +1,7 @@
 """Does adapting a published checkpoint to the task's text pay? (issue 48, point 5)
 
     make bench-adapt                     # ~1 hour on 2 quiet cores (NOT yet run on this machine)
-    make bench-adapt ARGS=--quick        # the flow on tiny budgets (~10 min): not the goal's figures
+    make bench-adapt ARGS=--quick        # the flow on tiny budgets; not the goal's figures
     python bench/bench_adapt.py --max-train 1500 --seeds 1,2,3 --dapt-seconds 120
 
 The task: Brown genre groups (configs/finetune_brown.yaml: 3-sentence passages of the Brown
@@ -346,8 +346,8 @@ def pretrain(args, name: str, init: Path, corpus: str, fmt: str, seconds: float,
              **heldout_before_after(curve)}
     before = "n/a" if found["before"] is None else f"{found['before']:.4f}"
     after = "n/a" if found["after"] is None else f"{found['after']:.4f}"
-    print(f"  {name}: held-out MLM accuracy {before} -> {after} after {found['steps']} steps "
-          f"({found['seconds']:.0f} s of training); {child['wall']:.0f} s wall in all",
+    print(f"  {name}: held-out MLM accuracy {before} -> {after} after {found['steps']} "
+          f"update(s) ({found['seconds']:.0f} s of training); {child['wall']:.0f} s wall in all",
           flush=True)
     return found
 
@@ -368,7 +368,7 @@ def fine_tune(args, arm: str, seed: int, init: Path, uri: str) -> dict:
     return found
 
 
-def print_table(arms: dict, baseline: dict, pre: dict) -> None:
+def print_table(arms: dict, baseline: dict) -> None:
     print(f"\n{'arm':12}{'median':>9}{'min':>9}{'max':>9}{'seeds':>6}{'pretrain s':>12}"
           f"{'finetune s':>12}{'arm s':>9}")
     for arm in ARMS:
@@ -474,7 +474,7 @@ def main(argv=None) -> int:
                      "seconds": pre_seconds[arm] + ft}
     medians = {arm: arms[arm]["median"] for arm in ARMS}
     goals = check_goals(medians, baseline["macro_f1"], {a: arms[a]["seconds"] for a in ARMS})
-    print_table(arms, baseline, pre)
+    print_table(arms, baseline)
     print_goals(goals, args.quick)
     line = last_line(medians, baseline["macro_f1"])
     write_text_atomic(args.work / "result.json", json.dumps({
