@@ -328,8 +328,9 @@ class FinetuneConfig:
     init_from: str = key("", "the encoder: a .keras file (a pretrainer, a fine-tuned model, a "
                              "BertEncoder), a Hugging Face or Google BERT directory, or "
                              "models:/<name>@<alias>; empty: <run_dir>/pretrain/model.keras")
-    vocab_file: str = key("", "its vocab; empty: vocab.txt beside init_from, else "
-                              "<run_dir>/vocab/vocab.txt")
+    vocab_file: str = key("", "its vocab (the casing: vocab.json beside it); empty: the "
+                              "vocab.txt beside init_from (every .keras the stages write has "
+                              "one), else <run_dir>/vocab/vocab.txt")
     freeze: str = key("none", "none: train everything | encoder: only the head | "
                               "all_but_last_n: the head, the pooler and the last "
                               "trainable_last_n Transformer blocks",
