@@ -197,11 +197,15 @@ def test_continue_pretraining_from_an_encoder_only_cased_checkpoint(tmp_path, ca
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus}/*.txt",
             f"tracking.tracking_uri={uri}", "tracking.experiment=init",
-            f"model.init_from={cased_encoder_dir}"]
+            f"model.init_from={cased_encoder_dir}", "train.head_warmup_steps=3",
+            "train.head_warmup_until_plateau=false"]
     assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args]) == 0
     out = capsys.readouterr().out
     assert "held-out MLM accuracy before the first update (step 0)" in out
     assert "no pretraining heads; new, randomly initialised: " in out and "mlm_head" in out
+    # The new heads warmed up alone for 3 updates, then the encoder unfroze.
+    assert "head warm-up: only mlm_head, nsp_head train" in out
+    assert "head warm-up ended at step 3 (its 3 updates done); held-out MLM accuracy" in out
     paths = artifacts.Artifacts(tmp_path / "run")
     # The run's vocab is the checkpoint's, with its casing, and the data was tokenized cased.
     assert paths.vocab_file.read_text() == (cased_encoder_dir / "vocab.txt").read_text()
@@ -216,6 +220,12 @@ def test_continue_pretraining_from_an_encoder_only_cased_checkpoint(tmp_path, ca
                if r.data.tags.get("pipeline.stage") == "pretrain")
     probes = client.get_metric_history(run.info.run_id, "heldout_mlm_accuracy")
     assert [m.step for m in probes][:1] == [0] and len(probes) >= 2
+    # Step 0, the unfreeze (step 3) and the curve after it.
+    assert [m.step for m in probes] == [0, 3, 6]
+    at_unfreeze = client.get_metric_history(run.info.run_id, "heldout_mlm_accuracy_at_unfreeze")
+    assert [(m.step, m.value) for m in at_unfreeze] == [(3, probes[1].value)]
+    assert run.data.tags["pretrain.head_warmup.unfreeze_step"] == "3"
+    assert run.data.tags["pretrain.head_warmup.steps"] == "3"
     new = run.data.tags["pretrain.init_from.new_weights"]
     assert "mlm_head" in new and "nsp_head" in new and "transformer_layer" not in new
     assert run.data.params["model.hidden_dim"] == str(HIDDEN)
