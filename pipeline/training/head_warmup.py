@@ -9,7 +9,8 @@ the MLM head learns its transform, LayerNorm and output bias, at `train.head_lea
 (the schedule's hold, models/schedules.py). The warm-up ends after `train.head_warmup_steps`
 updates (-1: `AUTO_STEPS` when heads are new), or, with `train.head_warmup_until_plateau`, at
 the first held-out probe whose MLM accuracy is not above the previous one's. Then everything
-trains on the schedule, its warmup and decay counted from there; the weights that were frozen
+trains on the schedule, its warmup and decay counted from there (a decay over
+train.max_seconds spends the seconds left); the weights that were frozen
 start their Adam moments then (models/optimizers.py `RateGroups`) and the new weights take
 `train.new_weights_lr_multiplier` × the schedule's rate.
 
@@ -56,6 +57,7 @@ class HeadWarmup:
     until_plateau: bool
     multiplier: float  # train.new_weights_lr_multiplier, after the warm-up
     unfrozen_at: int | None = None  # the update the encoder unfroze at (None: not yet)
+    unfrozen_seconds: float = 0.0  # the training seconds then (a time-budgeted decay's start)
 
     def warming(self, step: int) -> bool:
         return self.unfrozen_at is None and step < self.steps
@@ -112,7 +114,7 @@ def configure(model, warmup: HeadWarmup, step: int) -> None:
         model.train_heads_only(warmup.heads)
         return
     unfrozen = warmup.unfrozen_at or 0
-    schedule.hold_steps = unfrozen
+    schedule.hold_steps, schedule.hold_seconds = unfrozen, warmup.unfrozen_seconds
     new = set(warmup.new_weights)
     warmed = tuple(f"{h}/" for h in warmup.heads)
     model.train_everything()
@@ -129,10 +131,11 @@ class HeadWarmupEnd(keras.callbacks.Callback):
     chief) and logs the held-out accuracy there."""
 
     def __init__(self, warmup: HeadWarmup, checkpoint_dir: Path, probe=None, write: bool = True,
-                 prefix: str = "pretrain", to_mlflow: bool = True):
+                 prefix: str = "pretrain", to_mlflow: bool = True, clock=None):
         super().__init__()
         self.warmup, self.dir, self.probe, self.write = warmup, Path(checkpoint_dir), probe, write
         self.prefix, self.to_mlflow = prefix, to_mlflow
+        self.clock = clock  # training seconds (a time-budgeted decay starts from them)
 
     def on_train_batch_end(self, batch, logs=None):
         step = global_step(self.model)
@@ -151,6 +154,7 @@ class HeadWarmupEnd(keras.callbacks.Callback):
 
     def unfreeze(self, step: int, reason: str) -> None:
         self.warmup.unfrozen_at = step
+        self.warmup.unfrozen_seconds = float(self.clock()) if self.clock is not None else 0.0
         if self.write:
             write_record(self.dir, self.warmup)
         configure(self.model, self.warmup, step)

@@ -152,7 +152,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                         max_seconds=tc.max_seconds, clock=clock)
     guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
     warmup_end = ([HeadWarmupEnd(warmup, phase.checkpoint_dir, probe, write=chief, prefix=prefix,
-                                 to_mlflow=chief)]
+                                 to_mlflow=chief, clock=clock)]
                   if warmup is not None and warmup.warming(start_step) else [])
     schedule = learning_rate_schedule(optimizer)
     budget = ([ScheduleClock(schedule, clock)]
