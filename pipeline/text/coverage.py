@@ -3,7 +3,8 @@
 A published checkpoint's vocab (`vocab.from_file`, set by `model.init_from`) was made for its
 own language and text. Continued on a corpus in another language or script, most pieces are
 [UNK] and the model learns to predict [UNK]. `unknown_share` tokenizes a sample of one input
-file (its first `max_lines` lines with text) by the project's tokenizer (models/tokenizer.py)
+file (its first `max_lines` lines with text, at most `SAMPLE_CHARS` characters) by the
+project's tokenizer (models/tokenizer.py)
 and counts them; the vocab stage warns, naming the file, above `WARN_SHARE`.
 
     >>> import tempfile, pathlib
@@ -28,16 +29,17 @@ from pipeline.text.vocab import read_vocab
 
 WARN_SHARE = 0.05  # above this share of [UNK] pieces, the vocab stage warns
 SAMPLE_LINES = 2000
+SAMPLE_CHARS = 200_000  # and at most this much text of each (documents of 50 KB a line exist)
 MAX_FILES = 50  # the input files sampled
 
 
 def unknown_share(vocab_file, lowercase: bool, path, corpus_format: str = "google",
                   text_key: str = "text", max_lines: int = SAMPLE_LINES) -> tuple[float, int]:
     """(share of [UNK] among the pieces, pieces counted) of the first `max_lines` lines with
-    text of `path` (plain, .gz or .bz2; with `corpus_format` jsonl, each record's
+    text (at most SAMPLE_CHARS characters) of `path` (plain, .gz or .bz2; with `corpus_format` jsonl, each record's
     `text_key`) under `vocab_file`."""
     tokenizer = Tokenizer(read_vocab(vocab_file), lowercase=lowercase)
-    texts = []
+    texts, chars = [], 0
     for _, line in read_lines(Path(path)):
         if corpus_format == "jsonl":
             try:
@@ -45,8 +47,9 @@ def unknown_share(vocab_file, lowercase: bool, path, corpus_format: str = "googl
             except (ValueError, AttributeError):
                 continue
         if line.strip():
-            texts.append(line)
-        if len(texts) >= max_lines:
+            texts.append(line[:SAMPLE_CHARS - chars])
+            chars += len(texts[-1])
+        if len(texts) >= max_lines or chars >= SAMPLE_CHARS:
             break
     pieces = [i for ids in tokenizer.tokenize(texts) for i in ids]
     if not pieces:
