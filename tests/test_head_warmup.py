@@ -11,6 +11,7 @@ records (tests/test_training.py's `write_pretraining_data`).
 
 from __future__ import annotations
 
+import json
 import logging
 import types
 
@@ -181,7 +182,7 @@ def test_a_checkpoint_with_heads_gets_no_warm_up(tmp_path, monkeypatch, caplog, 
     # The plan: no new weight, or only an NSP head that no loss trains: no warm-up.
     train_config = types.SimpleNamespace(head_warmup_steps=-1, steps=1000,
                                          head_warmup_until_plateau=True,
-                                         new_weights_lr_multiplier=1.0)
+                                         new_weights_lr_multiplier=1.0, max_seconds=0.0)
     assert head_warmup.plan(train_config, [], tmp_path, 0, 1.0, resumed=False) is None
     nsp_only = head_warmup.plan(train_config, ["nsp_head/kernel", "nsp_head/bias"], tmp_path, 0,
                                 0.0, resumed=False)
@@ -189,6 +190,25 @@ def test_a_checkpoint_with_heads_gets_no_warm_up(tmp_path, monkeypatch, caplog, 
     auto = head_warmup.plan(train_config, ["mlm_head/output_bias"], tmp_path, 0, 0.0,
                             resumed=False)
     assert auto.steps == head_warmup.AUTO_STEPS and auto.heads == ["mlm_head"]
+
+
+def test_under_a_time_budget_the_warm_up_ends_with_a_quarter_of_it(tmp_path, monkeypatch,
+                                                                   caplog, encoder_only):
+    """300 updates can be a whole train.max_seconds on a slow machine: the warm-up ends once a
+    quarter of the budget is spent, and the encoder trains for the rest."""
+    no_export(monkeypatch)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    result = train(tmp_path / "run", encoder_only, "train.steps=100000", "train.max_seconds=20",
+                   "train.head_warmup_steps=90000", "train.checkpoint_every=100000",
+                   "train.heldout_every=100000", "train.heldout_batches=1")
+    said = "\n".join(caplog.messages)
+    assert "of train.max_seconds spent: 5 s)" in said, said[-2000:]
+    paths = artifacts.Artifacts(tmp_path / "run")
+    record = head_warmup.read_record(paths.checkpoint_dir)
+    assert 5 <= record.unfrozen_seconds < 20 and 0 < record.unfrozen_at < result["step"]
+    # The held-out curve: step 0, the unfreeze (between two probes: probed then), the end.
+    curve = json.loads(paths.heldout_curve.read_text())["curve"]
+    assert [step for step, _, _ in curve] == [0, record.unfrozen_at, result["step"]]
 
 
 @pytest.mark.parametrize("killed_at", [2, 4])
@@ -213,4 +233,6 @@ def test_a_killed_run_resumes_in_its_phase(tmp_path, monkeypatch, caplog, encode
     assert resumed["start_step"] == killed_at and resumed["step"] == 6
     said = "\n".join(caplog.messages)
     assert ("head warm-up ended at step 3" in said) == (killed_at < 3)
+    assert ("resuming after the head warm-up (the encoder unfroze at step 3)" in said) == (
+        killed_at > 3)
     assert resumed["weights_sha256"] == straight["weights_sha256"]

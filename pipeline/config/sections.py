@@ -243,8 +243,9 @@ class TrainConfig:
     head_warmup_steps: int = key(-1, "with model.init_from whose checkpoint has no MLM (or "
                                      "NSP) head: updates that train only the new heads, the "
                                      "encoder and its token embedding frozen, before the "
-                                     "schedule starts; -1: 300 when heads are new, else 0; "
-                                     "0: no warm-up", ge=-1)
+                                     "schedule starts (with max_seconds: at most a quarter of "
+                                     "it); -1: 300 when heads are new, else 0; 0: no warm-up",
+                                 ge=-1)
     head_learning_rate: float = key(1e-3, "the constant learning rate of the head warm-up",
                                     gt=0.0)
     head_warmup_until_plateau: bool = key(True, "also end the head warm-up at the first "

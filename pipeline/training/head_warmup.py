@@ -8,7 +8,8 @@ and its token embedding, which is the MLM decoder's weight (tied), stay exactly 
 the MLM head learns its transform, LayerNorm and output bias, at `train.head_learning_rate`
 (the schedule's hold, models/schedules.py). The warm-up ends after `train.head_warmup_steps`
 updates (-1: `AUTO_STEPS` when heads are new), or, with `train.head_warmup_until_plateau`, at
-the first held-out probe whose MLM accuracy is not above the previous one's. Then everything
+the first held-out probe whose MLM accuracy is not above the previous one's, or, with
+`train.max_seconds`, once `TIME_SHARE` of the time budget is spent. Then everything
 trains on the schedule, its warmup and decay counted from there (a decay over
 train.max_seconds spends the seconds left); the weights that were frozen
 start their Adam moments then (models/optimizers.py `RateGroups`) and the new weights take
@@ -38,13 +39,15 @@ import keras
 
 from pipeline import artifacts
 from pipeline.tracking import outbox
-from pipeline.training.callbacks import masked_lm_accuracy
 from pipeline.training.checkpoints import global_step
 from pipeline.training.pretrainer import learning_rate_schedule
 
 log = logging.getLogger(__name__)
 
 AUTO_STEPS = 300  # train.head_warmup_steps = -1 with new heads
+# With train.max_seconds, the warm-up also ends once this share of it is spent: on a slow
+# machine 300 updates can be the whole budget, and the encoder would never adapt.
+TIME_SHARE = 0.25
 RECORD = "head_warmup.json"
 HEADS = ("mlm_head", "nsp_head")
 
@@ -58,6 +61,7 @@ class HeadWarmup:
     multiplier: float  # train.new_weights_lr_multiplier, after the warm-up
     unfrozen_at: int | None = None  # the update the encoder unfroze at (None: not yet)
     unfrozen_seconds: float = 0.0  # the training seconds then (a time-budgeted decay's start)
+    max_seconds: float = 0.0  # TIME_SHARE of train.max_seconds: it ends by then (0: no limit)
 
     def warming(self, step: int) -> bool:
         return self.unfrozen_at is None and step < self.steps
@@ -99,7 +103,8 @@ def plan(train_config, new_weights: list | None, checkpoint_dir: Path, start_ste
     steps = min(steps, train_config.steps) if heads else 0
     return HeadWarmup(list(new_weights), heads, steps, bool(train_config.head_warmup_until_plateau),
                       float(train_config.new_weights_lr_multiplier),
-                      None if steps else start_step)
+                      None if steps else start_step,
+                      max_seconds=TIME_SHARE * float(train_config.max_seconds or 0.0))
 
 
 def configure(model, warmup: HeadWarmup, step: int) -> None:
@@ -144,6 +149,10 @@ class HeadWarmupEnd(keras.callbacks.Callback):
         reason = ""
         if step >= self.warmup.steps:
             reason = f"its {self.warmup.steps} updates done"
+        elif self.warmup.max_seconds and self.clock is not None and (
+                self.clock() >= self.warmup.max_seconds):
+            reason = (f"{TIME_SHARE:.0%} of train.max_seconds spent: "
+                      f"{self.warmup.max_seconds:,.0f} s")
         elif self.warmup.until_plateau and self.probe is not None and len(self.probe.curve) > 1:
             (before, _, was), (last, _, now) = self.probe.curve[-2:]
             if last == step and now <= was:
@@ -161,8 +170,8 @@ class HeadWarmupEnd(keras.callbacks.Callback):
         curve = self.probe.curve if self.probe is not None else []
         if curve and curve[-1][0] == step:
             accuracy = curve[-1][2]
-        elif self.probe is not None:
-            accuracy = masked_lm_accuracy(self.model, self.probe.batches)
+        elif self.probe is not None:  # a point of the held-out curve too
+            accuracy = self.probe.probe(step)
         else:
             accuracy = None
         start = next((a for s, _, a in curve if s == 0), None)

@@ -128,11 +128,17 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                  f"{' (new: the checkpoint has none)' if not found else ''}, the encoder and "
                  f"its token embedding (the MLM decoder) frozen, at learning rate "
                  f"{tc.head_learning_rate:g} until step {warmup.steps}"
+                 + (f" (at most {warmup.max_seconds:,.0f} s of training)"
+                    if warmup.max_seconds else "")
                  + (" or until the held-out MLM accuracy stops rising"
                     if warmup.until_plateau and tc.heldout_every else "")
                  + f"; then the encoder trains at train.learning_rate {tc.learning_rate:g}"
                  + (f", the new weights at {warmup.multiplier:g}x"
                     if warmup.multiplier != 1 else ""))
+    elif warmup is not None and found and warmup.steps:
+        log.info(f"{prefix}: resuming after the head warm-up (the encoder unfroze at step "
+                 f"{warmup.unfrozen_at}): everything trains")
+
     # Time to accuracy: held-out MLM accuracy every train.heldout_every steps on a fixed sample
     # of the held-out batches; the training seconds continue those of the checkpoint resumed.
     probe = None
