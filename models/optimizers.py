@@ -1,4 +1,6 @@
-"""LAMB: Adam with a layer-wise trust ratio, for large-batch BERT pretraining (You et al. 2019).
+"""BERT's optimizers: LAMB (Adam with a layer-wise trust ratio, for large-batch pretraining,
+You et al. 2019) and AdamW, both with learning-rate groups (`RateGroups`: a factor per variable,
+and moments that began at a later update for variables frozen until then).
 
 For every variable, with Adam's bias-corrected moments m̂ and v̂:
 
@@ -30,6 +32,23 @@ config still calls it `weight_decay`.
     >>> # First step: m̂/√v̂ = 1 everywhere, ‖w‖ = ‖update‖, so w moves by exactly lr.
     >>> bool(np.allclose(keras.ops.convert_to_numpy(w), 0.9))
     True
+
+Rate groups (`set_rate_groups`): continuing the pretraining of a checkpoint whose heads are
+new, the new weights may take a multiple of the schedule's rate, and the weights frozen while
+the heads warmed up start their Adam moments at the update they unfroze. Keras' Adam corrects
+the moments' bias by the global update count t, which for moments that began k updates ago
+makes the first steps up to ~5x too large ((1 - beta_1^k) / sqrt(1 - beta_2^k) against
+(1 - beta_1^t) / sqrt(1 - beta_2^t)); the group's rate carries the ratio, so each variable
+steps as a fresh Adam would. Weight decay follows the group's factor (AdamW: lr·wd·w).
+
+    >>> from models.optimizers import AdamW
+    >>> w, u = (keras.Variable(np.ones(2, "float32"), name=n) for n in ("w", "u"))
+    >>> opt = AdamW(learning_rate=0.1, weight_decay=0.0)
+    >>> opt.build([w, u])
+    >>> opt.set_rate_groups(factors=[(u, 3.0)])
+    >>> opt.apply([np.ones(2, "float32")] * 2, [w, u])
+    >>> [round(float(keras.ops.convert_to_numpy(x)[0]), 4) for x in (w, u)]
+    [0.9, 0.7]
 """
 
 from __future__ import annotations
@@ -41,8 +60,57 @@ from models import keras_compat
 from models.bert import SERIALIZATION_PACKAGE
 
 
+class RateGroups:
+    """A learning-rate factor per variable (1 by default), and for variables frozen until a
+    later update, the update their moments began at (see the module docstring).
+
+    Read when the step is traced: call `set_rate_groups` before `fit` (a model whose
+    trainable variables changed retraces its step anyway)."""
+
+    _factors: dict = {}
+    _moments_from: dict = {}
+
+    def set_rate_groups(self, factors=(), moments_from=()):
+        """`factors`: (variable, learning-rate factor) pairs; `moments_from`: (variable, the
+        update, in optimizer iterations, at which it started to train) pairs. Both replace
+        earlier groups."""
+        self._factors = {keras_compat.variable_index(self, v): float(f)
+                         for v, f in factors if float(f) != 1.0}
+        self._moments_from = {keras_compat.variable_index(self, v): int(step)
+                              for v, step in moments_from if int(step) > 0}
+
+    def rate_factor(self, variable) -> float:
+        return self._factors.get(keras_compat.variable_index(self, variable), 1.0)
+
+    def moment_steps(self, variable):
+        """(this update's count for the moments of `variable`, the global count), 1-based."""
+        step = ops.cast(self.iterations + 1, variable.dtype)
+        began = self._moments_from.get(keras_compat.variable_index(self, variable), 0)
+        return (ops.maximum(step - float(began), 1.0) if began else step), step
+
+
 @keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
-class Lamb(keras.optimizers.Optimizer):
+class AdamW(RateGroups, keras.optimizers.AdamW):
+    """Keras' AdamW with rate groups (`RateGroups`); without groups, the same updates."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        factor = self.rate_factor(variable)
+        lr = ops.cast(learning_rate, variable.dtype)
+        if factor != 1.0 and self.weight_decay and keras_compat.uses_weight_decay(self, variable):
+            # The base optimizer decayed w by lr·wd·w before this step; the group's rate
+            # wants factor × that.
+            self.assign_sub(variable, ops.multiply(
+                variable, lr * ops.cast(self.weight_decay, variable.dtype) * (factor - 1.0)))
+        own, step = self.moment_steps(variable)
+        b1, b2 = (ops.cast(b, variable.dtype) for b in (self.beta_1, self.beta_2))
+        # Keras' Adam scales by sqrt(1 - b2^t) / (1 - b1^t); moments k updates old want k.
+        bias = (ops.sqrt(1 - ops.power(b2, own)) / (1 - ops.power(b1, own))
+                * (1 - ops.power(b1, step)) / ops.sqrt(1 - ops.power(b2, step)))
+        super().update_step(gradient, variable, lr * factor * bias)
+
+
+@keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
+class Lamb(RateGroups, keras.optimizers.Optimizer):
     """Layer-wise Adaptive Moments optimizer for Batch training.
 
     Args:
@@ -70,9 +138,9 @@ class Lamb(keras.optimizers.Optimizer):
             var_list, ["momentum", "velocity"])
 
     def update_step(self, gradient, variable, learning_rate):
-        lr = ops.cast(learning_rate, variable.dtype)
+        lr = ops.cast(learning_rate, variable.dtype) * self.rate_factor(variable)
         gradient = ops.cast(gradient, variable.dtype)
-        step = ops.cast(self.iterations + 1, variable.dtype)
+        step, _ = self.moment_steps(variable)  # moments that began later: their own count
         index = keras_compat.variable_index(self, variable)
         m, v = self._momentums[index], self._velocities[index]
         self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))

@@ -316,6 +316,33 @@ class BertPretrainer(keras_compat.PrebuiltModel, keras_hub.models.Task):
             keras_compat.symbolic_build(self, element_spec)
         self.mark_prebuilt()
 
+    # === Head warm-up ===
+    HEADS = ("mlm_head", "nsp_head")
+
+    def train_heads_only(self, heads=HEADS) -> None:
+        """Freezes the encoder and the heads not in `heads` (names of `HEADS`): only the named
+        heads train. The encoder's token embedding is the MLM decoder's weight (tied), so it
+        stays fixed too: the MLM head learns its transform, LayerNorm and output bias. A
+        frozen variable gets no update at all (no weight decay either). The step is traced
+        again at the next `fit`."""
+        for head in (self.mlm_head, self.nsp_head):
+            head.trainable = head.name in heads
+        self.backbone.trainable = False
+        self.backbone.token_embedding.trainable = False  # the head tracks it as well
+        self._trainables_changed()
+
+    def train_everything(self) -> None:
+        """Undoes `train_heads_only`: every layer trains (and is saved trainable)."""
+        for layer in (self.mlm_head, self.nsp_head, self.backbone):
+            layer.trainable = True
+        self.backbone.token_embedding.trainable = True
+        self._trainables_changed()
+
+    def _trainables_changed(self) -> None:
+        self._compiled_update = None  # captured the old list of variables
+        if getattr(self, "train_function", None) is not None:
+            self.make_train_function(force=True)
+
     # === The train and test steps ===
     def train_step(self, *args, **kwargs):
         """One micro-batch: forward and backward pass, gradients summed over the replicas,

@@ -23,6 +23,22 @@ value when the budget is spent on any machine. The trainer sets the seconds with
     0.0005
     >>> lr.set_seconds(60.0); round(float(lr(20)), 6)
     0.0
+
+A head warm-up first (`hold_steps` updates at `hold_learning_rate`, the encoder frozen; see
+pipeline/training/head_warmup.py): the schedule then starts, warmup and decay counted from
+the end of the hold, the decay still ending at `decay_steps`:
+
+    >>> lr = WarmupPolynomialDecay(1e-3, 10, 110, hold_steps=10, hold_learning_rate=5e-3)
+    >>> [round(float(lr(s)), 6) for s in (0, 9, 10, 15, 20, 65, 110)]
+    [0.005, 0.005, 0.0, 0.0005, 0.001, 0.0005, 0.0]
+
+With a time budget, the decay spends the seconds left after the hold (`hold_seconds`, the
+training seconds when it ended):
+
+    >>> lr = WarmupPolynomialDecay(1e-3, 0, 1000, decay_seconds=60.0, hold_steps=10,
+    ...                            hold_seconds=20.0)
+    >>> lr.set_seconds(40.0); round(float(lr(15)), 6)
+    0.0005
 """
 
 from __future__ import annotations
@@ -42,7 +58,8 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, peak_learning_rate, warmup_steps, decay_steps,
                  end_learning_rate=0.0, power=1.0, name="warmup_polynomial_decay",
-                 micro_steps_per_update=1, decay_seconds=0.0):
+                 micro_steps_per_update=1, decay_seconds=0.0, hold_steps=0,
+                 hold_learning_rate=0.0, hold_seconds=0.0):
         self.peak_learning_rate = float(peak_learning_rate)
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = int(decay_steps)
@@ -53,6 +70,11 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         if self.micro_steps_per_update < 1:
             raise ValueError(f"micro_steps_per_update must be >= 1, got {micro_steps_per_update}")
         self.decay_seconds = float(decay_seconds)
+        # The head warm-up: a constant rate for the first hold_steps updates. Read when the
+        # step is traced; the trainer may move it (a warm-up that ended early) and retrace.
+        self.hold_steps = int(hold_steps)
+        self.hold_learning_rate = float(hold_learning_rate)
+        self.hold_seconds = float(hold_seconds)
         self.seconds = None
         if self.decay_seconds > 0:
             self.seconds = keras.Variable(0.0, trainable=False, dtype="float32",
@@ -66,18 +88,25 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         if self.micro_steps_per_update > 1:
             step = ops.floor_divide(step, self.micro_steps_per_update)
-        step = ops.cast(step, "float32")
+        step = held = ops.cast(step, "float32")
+        if self.hold_steps:
+            step = ops.maximum(held - float(self.hold_steps), 0.0)
         peak = self.peak_learning_rate
         warmup = ops.maximum(float(self.warmup_steps), 1.0)
         warm = peak * step / warmup
-        span = ops.maximum(float(self.decay_steps - self.warmup_steps), 1.0)
+        span = ops.maximum(float(self.decay_steps - self.hold_steps - self.warmup_steps), 1.0)
         progress = ops.clip((step - float(self.warmup_steps)) / span, 0.0, 1.0)
         if self.seconds is not None:
-            spent = ops.clip(ops.cast(self.seconds, "float32") / self.decay_seconds, 0.0, 1.0)
+            budget = max(self.decay_seconds - self.hold_seconds, 1e-6)
+            spent = ops.clip((ops.cast(self.seconds, "float32") - self.hold_seconds) / budget,
+                             0.0, 1.0)
             progress = ops.maximum(progress, spent)
         decayed = (peak - self.end_learning_rate) * (1.0 - progress) ** self.power \
             + self.end_learning_rate
-        return ops.where(step < float(self.warmup_steps), warm, decayed)
+        rate = ops.where(step < float(self.warmup_steps), warm, decayed)
+        if self.hold_steps:
+            rate = ops.where(held < float(self.hold_steps), self.hold_learning_rate, rate)
+        return rate
 
     def get_config(self):
         return {
@@ -89,4 +118,7 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
             "name": self.name,
             "micro_steps_per_update": self.micro_steps_per_update,
             "decay_seconds": self.decay_seconds,
+            "hold_steps": self.hold_steps,
+            "hold_learning_rate": self.hold_learning_rate,
+            "hold_seconds": self.hold_seconds,
         }

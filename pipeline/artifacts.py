@@ -13,6 +13,8 @@ A run directory (config key `run_dir`, default `runs/default`) holds:
                                             mlflow_run.json (the phase's run)
     pretrain/config.yaml                    the config the model was trained with
     pretrain/model.keras pretrain/saved_model/ pretrain/eval.json   final model + held-out eval
+    pretrain/vocab.txt pretrain/vocab.json  the model's vocab and casing, beside it (any run
+                                            can start from the model: finetune/model.init_from)
     pretrain/heldout_curve.json             held-out MLM accuracy vs training seconds (probes)
     finetune/<name>/                        a fine-tuned task: model, raw-text SavedModel, metrics
                                             (see FinetuneArtifacts)
@@ -105,6 +107,9 @@ class Artifacts:
         self.checkpoint_dir = self.pretrain_dir / "checkpoints"
         self.pretrain_config = self.pretrain_dir / "config.yaml"
         self.model_keras = self.pretrain_dir / "model.keras"
+        # the model's vocab and casing beside it: what a run starting from it tokenizes with
+        self.model_vocab = self.pretrain_dir / "vocab.txt"
+        self.model_vocab_meta = self.pretrain_dir / "vocab.json"
         self.saved_model = self.pretrain_dir / "saved_model"
         self.pretrain_eval = self.pretrain_dir / "eval.json"
         # held-out MLM accuracy every train.heldout_every steps: time to accuracy
@@ -191,7 +196,7 @@ class FinetuneArtifacts:
         saved_model/          SavedModel serving raw strings (every task; token classification
                               and QA: pipeline/serving/word_serving.py): signature serving_default
         task.json             task, labels, max_seq_length, lowercase: what `predict` needs
-        vocab.txt             the WordPiece vocab the model was trained with
+        vocab.txt vocab.json  the WordPiece vocab the model was trained with, and its casing
         splits.json           how train/validation/test were made (seed, groups, counts, sha256)
         metrics.json          validation/test metrics, per-epoch history, baselines
         confusion_matrix.png  test confusion matrix (classification)

@@ -197,11 +197,15 @@ def test_continue_pretraining_from_an_encoder_only_cased_checkpoint(tmp_path, ca
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus}/*.txt",
             f"tracking.tracking_uri={uri}", "tracking.experiment=init",
-            f"model.init_from={cased_encoder_dir}"]
+            f"model.init_from={cased_encoder_dir}", "train.head_warmup_steps=3",
+            "train.head_warmup_until_plateau=false"]
     assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args]) == 0
     out = capsys.readouterr().out
     assert "held-out MLM accuracy before the first update (step 0)" in out
     assert "no pretraining heads; new, randomly initialised: " in out and "mlm_head" in out
+    # The new heads warmed up alone for 3 updates, then the encoder unfroze.
+    assert "head warm-up: only mlm_head, nsp_head train" in out
+    assert "head warm-up ended at step 3 (its 3 updates done); held-out MLM accuracy" in out
     paths = artifacts.Artifacts(tmp_path / "run")
     # The run's vocab is the checkpoint's, with its casing, and the data was tokenized cased.
     assert paths.vocab_file.read_text() == (cased_encoder_dir / "vocab.txt").read_text()
@@ -216,6 +220,12 @@ def test_continue_pretraining_from_an_encoder_only_cased_checkpoint(tmp_path, ca
                if r.data.tags.get("pipeline.stage") == "pretrain")
     probes = client.get_metric_history(run.info.run_id, "heldout_mlm_accuracy")
     assert [m.step for m in probes][:1] == [0] and len(probes) >= 2
+    # Step 0, the unfreeze (step 3) and the curve after it.
+    assert [m.step for m in probes] == [0, 3, 6]
+    at_unfreeze = client.get_metric_history(run.info.run_id, "heldout_mlm_accuracy_at_unfreeze")
+    assert [(m.step, m.value) for m in at_unfreeze] == [(3, probes[1].value)]
+    assert run.data.tags["pretrain.head_warmup.unfreeze_step"] == "3"
+    assert run.data.tags["pretrain.head_warmup.steps"] == "3"
     new = run.data.tags["pretrain.init_from.new_weights"]
     assert "mlm_head" in new and "nsp_head" in new and "transformer_layer" not in new
     assert run.data.params["model.hidden_dim"] == str(HIDDEN)
@@ -254,3 +264,79 @@ def test_finetune_from_a_cased_checkpoint_directory_serves_cased(tmp_path, cased
     ids = export.saved_model_token_ids(paths.saved_model, ["The the"])[0]
     assert ids == [vocab.index("The"), vocab.index("the")]
     assert np.all(np.asarray(ids) >= 0)
+
+
+# ---------------------------------------------------------------------------
+# The vocabulary travels with the model: a run directory without a vocab of its own starts
+# from another run's model.keras, with that model's vocab and casing.
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_pretrained_model_carries_its_vocab_and_casing_to_another_run(tmp_path, capsys):
+    corpus = tmp_path / "raw"
+    make_corpus(corpus, documents=30)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = [f"tracking.tracking_uri={uri}", "tracking.experiment=travel"]
+    first = tmp_path / "first"
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", f"run_dir={first}",
+                     f"corpus.path={corpus}/*.txt", "vocab.lowercase=false", *tracking]) == 0
+    pretrained = artifacts.Artifacts(first)
+    model = pretrained.model_keras
+    # Beside model.keras: the run's vocab and its casing.
+    assert (model.parent / "vocab.txt").read_text() == pretrained.vocab_file.read_text()
+    assert json.loads((model.parent / "vocab.json").read_text())["lowercase"] is False
+
+    # Fine-tuning in another run directory, which has no vocab/ of its own.
+    rng = random.Random(0)
+    rows = ["text,label"] + [
+        f"{rng.choice(['The', 'A'])} {rng.choice(['cat', 'dog'] if i % 2 else ['house', 'tree'])} "
+        f"sat near the {rng.choice(WORDS)}.,{'animal' if i % 2 else 'place'}" for i in range(40)]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    second = tmp_path / "second"
+    assert cli.main(["finetune", f"run_dir={second}", f"finetune.init_from={model}",
+                     "finetune.dataset=csv", f"finetune.train_file={tmp_path}/train.csv",
+                     "finetune.name=t", "finetune.max_seq_length=16", "finetune.batch_size=8",
+                     "finetune.epochs=1", "finetune.baselines=false", *tracking]) == 0
+    capsys.readouterr()
+    assert not artifacts.Artifacts(second).vocab_dir.exists()
+    tuned = artifacts.Artifacts(second).finetune("t")
+    assert json.loads(tuned.task_json.read_text())["lowercase"] is False
+    vocab = vocab_lib.read_vocab(model.parent / "vocab.txt")
+    assert tuned.vocab_file.read_text() == (model.parent / "vocab.txt").read_text()
+    # Cased through serving: "The" and "the" are different pieces.
+    ids = export.saved_model_token_ids(tuned.saved_model, ["The the"])[0]
+    assert ids[-1] == vocab.index("the") and ids[0] != ids[-1]
+
+    # The fine-tuned model carries them too: a third run starts from it.
+    third = config_lib.load(None, [f"run_dir={tmp_path}/third",
+                                   f"finetune.init_from={tuned.model_keras}"])
+    model_path, vocab_path = task_model.resolve_init(third)
+    assert vocab_path == tuned.vocab_file and vocab_lib.vocab_lowercase(vocab_path, True) is False
+    # Continued pretraining from the pretrained model in another run: its vocab and casing.
+    continued = config_lib.load("configs/test_tiny.yaml", [f"run_dir={tmp_path}/fourth",
+                                                           f"model.init_from={model}"])
+    assert continued.vocab.from_file == str(model.parent / "vocab.txt")
+    assert continued.vocab.lowercase is False
+
+
+def test_a_model_without_its_vocab_is_refused_in_one_line(tmp_path):
+    from pipeline.finetuning.task_model import FinetuneError
+
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    (folder / "model.keras").write_bytes(b"not read: the vocab is looked for first")
+    config = config_lib.load(None, [f"run_dir={tmp_path}/run",
+                                    f"finetune.init_from={folder / 'model.keras'}"])
+    with pytest.raises(FinetuneError) as err:
+        task_model.resolve_init(config)
+    message = str(err.value)
+    assert "no vocab.txt beside it" in message and "finetune.vocab_file" in message
+    assert "\n" not in message
+    # A pretrain run's model.keras written before the vocab went beside it: its run's vocab.
+    run = tmp_path / "old"
+    (run / "pretrain").mkdir(parents=True)
+    (run / "vocab").mkdir()
+    (run / "pretrain" / "model.keras").write_bytes(b"")
+    (run / "vocab" / "vocab.txt").write_text("[PAD]\n")
+    old = config_lib.load(None, [f"run_dir={tmp_path}/run",
+                                 f"finetune.init_from={run / 'pretrain' / 'model.keras'}"])
+    assert task_model.resolve_init(old)[1] == run / "vocab" / "vocab.txt"

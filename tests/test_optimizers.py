@@ -1,6 +1,7 @@
 """models/optimizers.py Lamb against `keras.optimizers.Lamb` (Keras 3.15) and against BERT's
 LAMB written out in numpy: the same Adam-with-trust-ratio core, two differences that BERT's
-recipe depends on (why the project keeps its own), and the config round trip.
+recipe depends on (why the project keeps its own), and the config round trip. The rate groups
+of both optimizers: a factor per variable, and moments that began at a later update.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from models.optimizers import Lamb
+from models.optimizers import AdamW, Lamb
 
 LR, BETA_1, BETA_2, EPSILON = 0.01, 0.9, 0.999, 1e-6
 
@@ -112,3 +113,49 @@ def test_config_round_trip_keeps_the_decay_rate_and_no_decoupled_decay():
     assert again.weight_decay_rate == 0.05
     assert again.weight_decay is None  # Keras' own decoupled decay stays off
     assert close(run(again), run(Lamb.from_config(config)))
+
+
+def test_rate_groups_scale_the_update_and_restart_the_moments_of_late_variables():
+    """A variable frozen for 50 updates then trained (moments_from=50) steps as a fresh
+    AdamW/LAMB would; a factor scales the update (weight decay too); no groups: Keras' AdamW."""
+    grads = gradients(6)
+    for make in (lambda: AdamW(learning_rate=LR, weight_decay=0.01, epsilon=EPSILON),
+                 lambda: Lamb(learning_rate=LR, weight_decay=0.01, epsilon=EPSILON)):
+        adamw = isinstance(make(), AdamW)
+        fresh = run(make())
+        late = make()
+        start = variables()
+        kernel, bias = keras.Variable(start["kernel"]), keras.Variable(start["bias"])
+        late.build([kernel, bias])
+        late.iterations.assign(50)  # 50 updates of other variables before these unfroze
+        late.set_rate_groups(moments_from=[(kernel, 50), (bias, 50)])
+        for g in grads[:4]:
+            late.apply([g["kernel"], g["bias"]], [kernel, bias])
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(kernel), fresh["kernel"],
+                                   rtol=1e-5, atol=1e-7)
+        if not adamw:  # LAMB's trust ratio rescales the update: the count matters little
+            continue
+        # Without the group, Keras' count of 54 updates would step otherwise.
+        plain = make()
+        kernel2 = keras.Variable(start["kernel"])
+        plain.build([kernel2])
+        plain.iterations.assign(50)
+        for g in grads[:4]:
+            plain.apply([g["kernel"]], [kernel2])
+        assert not np.allclose(keras.ops.convert_to_numpy(kernel2), fresh["kernel"], rtol=1e-3)
+
+    # A factor of 3 moves a variable 3 times as far on its first update, decay included.
+    start = variables()
+    one, three = keras.Variable(start["kernel"]), keras.Variable(start["kernel"])
+    opt = AdamW(learning_rate=LR, weight_decay=0.01, epsilon=EPSILON)
+    opt.build([one, three])
+    opt.set_rate_groups(factors=[(three, 3.0)])
+    opt.apply([grads[0]["kernel"]] * 2, [one, three])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(three) - start["kernel"],
+                               3 * (keras.ops.convert_to_numpy(one) - start["kernel"]),
+                               rtol=1e-4)
+    # No groups: the same updates as Keras' own AdamW.
+    ours = run(AdamW(learning_rate=LR, weight_decay=0.01, epsilon=EPSILON))
+    keras_own = run(keras.optimizers.AdamW(learning_rate=LR, weight_decay=0.01, epsilon=EPSILON))
+    for name in ours:
+        np.testing.assert_allclose(ours[name], keras_own[name], rtol=1e-6, atol=1e-8)

@@ -64,11 +64,12 @@ def phase_config(tmp_path, *extra):
 def fake_export(monkeypatch, exported):
     """The SavedModel export (~10 s) and the review plots are tested elsewhere; record the
     digest of the model that would be exported and leave small files to log."""
-    def export(model, paths):
+    def export(model, paths, lowercase):
         exported.append(checkpoints.weights_digest(model))
         paths.saved_model.mkdir(parents=True, exist_ok=True)
         (paths.saved_model / "saved_model.pb").write_text("stand-in")
-        paths.model_keras.write_text("stand-in")
+        for path in (paths.model_keras, paths.model_vocab, paths.model_vocab_meta):
+            path.write_text("stand-in")
 
     monkeypatch.setattr(pretrain, "export", export)
     monkeypatch.setattr(pretrain, "review_plots", lambda *args, **kwargs: None)

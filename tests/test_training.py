@@ -87,7 +87,7 @@ def tiny_config(run_dir, *overrides):
 
 def no_export(monkeypatch):
     """The SavedModel export takes ~10 s here and is tested elsewhere (test_pipeline_e2e)."""
-    monkeypatch.setattr(pretrain, "export", lambda model, paths: None)
+    monkeypatch.setattr(pretrain, "export", lambda model, paths, lowercase: None)
 
 
 class Killed(Exception):

@@ -240,6 +240,20 @@ class TrainConfig:
     peak_flops_seconds: float = key(1.0, "seconds timing a large float32 matmul at start-up: "
                                          "the peak FLOP/s the logged mfu is relative to; 0: no "
                                          "measurement, no mfu", ge=0.0, le=60.0)
+    head_warmup_steps: int = key(-1, "with model.init_from whose checkpoint has no MLM (or "
+                                     "NSP) head: updates that train only the new heads, the "
+                                     "encoder and its token embedding frozen, before the "
+                                     "schedule starts (with max_seconds: at most a quarter of "
+                                     "it); -1: 300 when heads are new, else 0; 0: no warm-up",
+                                 ge=-1)
+    head_learning_rate: float = key(1e-3, "the constant learning rate of the head warm-up",
+                                    gt=0.0)
+    head_warmup_until_plateau: bool = key(True, "also end the head warm-up at the first "
+                                                "held-out probe (train.heldout_every) whose MLM "
+                                                "accuracy is not above the previous probe's")
+    new_weights_lr_multiplier: float = key(1.0, "after the head warm-up, the learning rate of "
+                                                "the weights model.init_from did not hold (new "
+                                                "heads) is this times the schedule's", gt=0.0)
     phases: list[dict] = key(  # noqa: RUF009 (key() makes the field)
         [], f"with data.phases: one mapping per data phase, in order, overriding some of "
             f"{', '.join(TRAIN_PHASE_KEYS)}; a phase starts from the previous one's weights "
@@ -328,8 +342,9 @@ class FinetuneConfig:
     init_from: str = key("", "the encoder: a .keras file (a pretrainer, a fine-tuned model, a "
                              "BertEncoder), a Hugging Face or Google BERT directory, or "
                              "models:/<name>@<alias>; empty: <run_dir>/pretrain/model.keras")
-    vocab_file: str = key("", "its vocab; empty: vocab.txt beside init_from, else "
-                              "<run_dir>/vocab/vocab.txt")
+    vocab_file: str = key("", "its vocab (the casing: vocab.json beside it); empty: the "
+                              "vocab.txt beside init_from (every .keras the stages write has "
+                              "one), else <run_dir>/vocab/vocab.txt")
     freeze: str = key("none", "none: train everything | encoder: only the head | "
                               "all_but_last_n: the head, the pooler and the last "
                               "trainable_last_n Transformer blocks",

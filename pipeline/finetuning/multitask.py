@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import math
-import shutil
 import time
 import warnings
 
@@ -259,7 +258,7 @@ def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_pa
             folder = out.task(task.name)
             folder.dir.mkdir(parents=True)
             task.model.save(str(folder.model_keras))
-            shutil.copyfile(vocab_path, folder.vocab_file)
+            vocab_lib.write_beside_model(vocab_path, lowercase, folder.dir)
             task_config = dataclasses.replace(config, finetune=fc)
             info = outputs.task_info(task_config, task.data, lowercase, model_path)
             info["multitask"] = config.multitask.name

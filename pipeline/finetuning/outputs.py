@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import mlflow
@@ -18,6 +17,7 @@ from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import readers, tasks
 from pipeline.finetuning.task_model import output_name, resolve_init
+from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
     with artifacts.atomic_dir(paths.dir) as tmp:
         out = artifacts.FinetuneArtifacts(tmp)
         encoder.save(str(out.model_keras))
-        shutil.copyfile(vocab_path, out.vocab_file)
+        vocab_lib.write_beside_model(vocab_path, lowercase, tmp)  # vocab.txt, vocab.json
         out.task_json.write_text(json.dumps(info, indent=2))
         out.splits.write_text(json.dumps(data.splits, indent=2))
         out.config.write_text(config_lib.dump_yaml(config))

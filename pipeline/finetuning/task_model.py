@@ -36,7 +36,9 @@ def _safe_name(uri: str) -> str:
 
 
 def resolve_init(config: Config) -> tuple[Path, Path]:
-    """(the .keras file to start from, the vocab.txt that goes with it)."""
+    """(the .keras file to start from, the vocab.txt that goes with it: finetune.vocab_file,
+    else the model's own (`model_vocab`), else the run's vocab/vocab.txt). The casing is
+    the vocab.json beside that vocab.txt (`pipeline.text.vocab.vocab_lowercase`)."""
     paths = Artifacts(config.run_dir)
     fc = config.finetune
     if fc.init_from.startswith(("models:/", "runs:/")):  # a model in the MLflow store
@@ -65,12 +67,32 @@ def resolve_init(config: Config) -> tuple[Path, Path]:
     else:
         model_path = artifacts.require(paths.model_keras, "the pretrained model", "train")
     if fc.vocab_file:
-        vocab = Path(fc.vocab_file)
-    elif fc.init_from and (model_path.parent / "vocab.txt").is_file():
-        vocab = model_path.parent / "vocab.txt"
-    else:
-        vocab = artifacts.require(paths.vocab_file, "the vocab", "vocab")
+        return model_path, Path(fc.vocab_file)
+    if not fc.init_from:
+        return model_path, artifacts.require(paths.vocab_file, "the vocab", "vocab")
+    vocab = model_vocab(model_path)
+    if vocab is None and paths.vocab_file.is_file():
+        vocab = paths.vocab_file
+    if vocab is None:
+        raise FinetuneError(
+            f"finetune.init_from = {fc.init_from!r} has no vocab.txt beside it (nor in "
+            f"its run's vocab/, nor {paths.vocab_file}); put the vocab.txt "
+            f"(and vocab.json, its casing) it was trained with beside it, or set "
+            f"finetune.vocab_file")
     return model_path, vocab
+
+
+def model_vocab(model_path: Path) -> Path | None:
+    """The vocab.txt a .keras file was trained with: beside it (every model the stages write
+    has its vocab.txt and vocab.json there), else, for a pretrain run's model.keras written
+    before that, its run's vocab/vocab.txt; None when neither exists."""
+    beside = model_path.parent / "vocab.txt"
+    if beside.is_file():
+        return beside
+    of_its_run = Artifacts(Path(model_path).resolve().parent.parent).vocab_file
+    if Path(model_path).parent.name == "pretrain" and of_its_run.is_file():
+        return of_its_run
+    return None
 
 
 def import_checkpoint_dir(directory: Path, cache: Path) -> Path:

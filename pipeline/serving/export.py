@@ -39,13 +39,23 @@ from pipeline.artifacts import Artifacts
 from pipeline.text.windows import WINDOW_FEATURES, text_windows, tf_text_windows
 
 
-def export(model, paths: Artifacts) -> None:
+def export(model, paths: Artifacts, lowercase: bool) -> None:
     """model.keras and a SavedModel, both written beside and renamed into place only when both
-    are complete (a full disk half-way leaves the previous pair as it was)."""
+    are complete (a full disk half-way leaves the previous pair as it was); the run's vocab.txt
+    and vocab.json (its casing, `lowercase`) go beside model.keras first, so that the model can
+    be started from in any run directory (`finetune.init_from`, `model.init_from`)."""
+    from pipeline.text.vocab import write_beside_model
+
     paths.pretrain_dir.mkdir(parents=True, exist_ok=True)
-    artifacts.remove_strays(paths.pretrain_dir, f".tmp-*-{paths.model_keras.name}")
+    artifacts.remove_strays(paths.pretrain_dir, f".tmp-*-{paths.model_keras.name}",
+                            ".tmp-*-vocab")
     tmp = paths.pretrain_dir / f".tmp-{os.getpid()}-{paths.model_keras.name}"
+    vocab_tmp = paths.pretrain_dir / f".tmp-{os.getpid()}-vocab"
     try:
+        vocab_tmp.mkdir()
+        write_beside_model(paths.vocab_file, lowercase, vocab_tmp)
+        for name in ("vocab.txt", "vocab.json"):
+            os.replace(vocab_tmp / name, paths.model_keras.with_name(name))
         model.save(str(tmp))
         with artifacts.atomic_dir(paths.saved_model) as tmp_dir:
             model.export(str(tmp_dir / "export"), format="tf_saved_model", verbose=False)
@@ -55,6 +65,7 @@ def export(model, paths: Artifacts) -> None:
         os.replace(tmp, paths.model_keras)
     finally:
         tmp.unlink(missing_ok=True)
+        artifacts.remove_strays(paths.pretrain_dir, vocab_tmp.name)
 
 
 SIGNATURE = "serving_default"

@@ -15,7 +15,8 @@ Reads top to bottom:
      a non-finite loss stops training without writing a checkpoint; running out of memory
      ends with a message naming the knobs;
   6. held-out evaluation (MLM loss/accuracy, NSP accuracy) → eval.json;
-  7. export `model.keras` and a SavedModel (both atomic), log them to MLflow.
+  7. export `model.keras` (with the run's vocab.txt and vocab.json, its casing, beside it) and
+     a SavedModel (both atomic), log them to MLflow.
 
 Two-phase pretraining (`data.phases`, `train.phases`; see `plan_phases`): steps 2-6 run once per
 phase, phase i reading data/phase<i>/ and checkpointing to pretrain/checkpoints/phase<i>/; each
@@ -46,6 +47,7 @@ from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.serving.export import export
+from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
 from pipeline.training import strategy as strategy_lib
@@ -129,7 +131,9 @@ def run(config: Config) -> dict:
     model, results, history = outcome["model"], outcome["results"], outcome["history"]
     digest = outcome["weights_sha256"]
     if chief:
-        export(model, paths)  # first: if it fails (a full disk), the previous outputs stand
+        # First: if it fails (a full disk), the previous outputs stand. The vocab and its
+        # casing go beside model.keras: any run directory can start from it.
+        export(model, paths, vocab_lib.vocab_lowercase(paths.vocab_file, config.vocab.lowercase))
         artifacts.write_text_atomic(paths.pretrain_eval, json.dumps(results, indent=2))
         artifacts.write_text_atomic(paths.pretrain_config, config_yaml)
         if outcome["heldout"]:  # time to accuracy: (step, training seconds, accuracy) probes
@@ -145,6 +149,8 @@ def run(config: Config) -> dict:
             if outcome["heldout"]:
                 outbox.log_artifact(paths.heldout_curve, "pretrain")
             outbox.log_artifact(paths.model_keras, "model")
+            outbox.log_artifact(paths.model_vocab, "model")  # the model's vocab and casing
+            outbox.log_artifact(paths.model_vocab_meta, "model")
             outbox.log_artifact(paths.saved_model, "model/saved_model")
             if config.tracking.register_encoder:
                 name = config.tracking.encoder_name or f"bert-encoder-{paths.root.name}"

@@ -20,6 +20,7 @@ from beam_jobs import vocab as vocab_job
 from pipeline import artifacts, beam_progress, remote_dir
 from pipeline.artifacts import Artifacts
 from pipeline.config import Config, data_job
+from pipeline.text import coverage
 from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,27 @@ def use_existing_vocab(config: Config, paths: Artifacts) -> dict:
         shutil.copyfile(source, tmp / paths.vocab_file.name)
         (tmp / paths.vocab_meta.name).write_text(json.dumps(meta, indent=2))
     log.info(f"vocab: {len(tokens):,} tokens taken from {source} -> {paths.vocab_file}")
-    outbox.log_metrics({"vocab_size": len(tokens)})
+    shares = unknown_shares(config, paths, source)
+    outbox.log_metrics({"vocab_size": len(tokens),
+                        **({"corpus_unk_share": max(shares.values())} if shares else {})})
     outbox.log_artifact(paths.vocab_file, "vocab")
     return meta
+
+
+def unknown_shares(config: Config, paths: Artifacts, source: str) -> dict:
+    """{input file: share of [UNK] pieces} of the corpus's own files under a given vocab
+    (pipeline/text/coverage.py); a one-line warning for each above coverage.WARN_SHARE."""
+    if config.corpus.source != "files":  # the demo corpus: English, as the vocabs it meets
+        return {}
+    inputs = [entry["path"] for entry in json.loads(paths.corpus_manifest.read_text())["inputs"]]
+    shares = coverage.input_shares(source, config.vocab.lowercase, inputs, config.corpus.format,
+                                   config.corpus.text_key)
+    for path, (share, pieces) in shares.items():
+        if share > coverage.WARN_SHARE:
+            log.warning(f"vocab: warning: {share:.1%} of the WordPiece pieces of {path} are "
+                        f"[UNK] under the vocab {source} (the first {pieces:,} pieces); the text "
+                        f"is likely in another language or script than the vocab's and the "
+                        f"model would learn to predict [UNK]: start from a checkpoint whose vocab "
+                        f"covers it, or learn a vocab of its own (no model.init_from, no "
+                        f"vocab.from_file)")
+    return {path: share for path, (share, _) in shares.items()}

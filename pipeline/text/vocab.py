@@ -2,12 +2,14 @@
 
 `read_vocab` splits lines as keras-hub's WordPieceTokenizer does, so ids agree with the
 data stage's and the in-graph tokenizer's; `vocab_lowercase` reads the casing the vocab
-stage recorded in vocab.json beside it.
+stage recorded in vocab.json beside it; `write_beside_model` puts both beside a model file,
+so that the model can be started from in any run directory.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from models.tokenizer import vocab_tokens
@@ -44,3 +46,22 @@ def vocab_lowercase(vocab_file, default: bool) -> bool:
         except (KeyError, ValueError):
             pass
     return default
+
+
+def write_beside_model(vocab_file, lowercase: bool, folder) -> None:
+    """vocab.txt (a copy of `vocab_file`) and vocab.json (its casing, and the other fields of
+    the vocab.json beside `vocab_file`) in `folder`, beside a model.keras written there: the
+    model then carries its vocabulary and casing to any run that starts from it
+    (`finetune.init_from`, `model.init_from`)."""
+    folder = Path(folder)
+    meta = {}
+    source_meta = Path(vocab_file).with_name("vocab.json")
+    if source_meta.is_file():
+        try:
+            meta = dict(json.loads(source_meta.read_text(encoding="utf-8")))
+        except ValueError:
+            meta = {}
+    meta["lowercase"] = bool(lowercase)
+    if Path(vocab_file).resolve() != (folder / "vocab.txt").resolve():
+        shutil.copyfile(vocab_file, folder / "vocab.txt")
+    (folder / "vocab.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")

@@ -36,6 +36,8 @@ from pipeline.training.checkpoints import (
     start_from_previous_phase,
     weights_digest,
 )
+from pipeline.training.head_warmup import HeadWarmupEnd, configure, write_record
+from pipeline.training.head_warmup import plan as plan_head_warmup
 from pipeline.training.mfu import onednn_enabled
 from pipeline.training.phases import Phase
 from pipeline.training.pretrainer import (
@@ -84,6 +86,13 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         elif config.model.init_from:
             new_weights = init_from_checkpoint(model, config, paths.vocab_file)
     start_step = global_step(model)
+    # New heads learn before the encoder moves (head_warmup.py); a resume reads the phase
+    # (inside the warm-up or after it) recorded beside the checkpoints.
+    warmup = plan_head_warmup(tc, new_weights, phase.checkpoint_dir, start_step,
+                              nsp_weight(config), resumed=bool(found))
+    if warmup is not None:
+        with strategy.scope():
+            configure(model, warmup, start_step)
     params = model.count_params()
     per_token = flops_per_token(config, vocabulary_size)
     arch = config_lib.model_architecture(config)
@@ -109,6 +118,26 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
             mlflow.set_tags({"pretrain.init_from": config.model.init_from,
                              "pretrain.init_from.new_weights":
                                  ", ".join(new_weights)[:4000] or "none"})
+        if warmup is not None and warmup.steps:
+            mlflow.set_tags({"pretrain.head_warmup.steps": str(warmup.steps),
+                             "pretrain.head_warmup.heads": ", ".join(warmup.heads)})
+    if warmup is not None and not found and chief:  # what a resumed run continues with
+        write_record(phase.checkpoint_dir, warmup)
+    if warmup is not None and warmup.warming(start_step):
+        log.info(f"{prefix}: head warm-up: only {', '.join(warmup.heads)} train"
+                 f"{' (new: the checkpoint has none)' if not found else ''}, the encoder and "
+                 f"its token embedding (the MLM decoder) frozen, at learning rate "
+                 f"{tc.head_learning_rate:g} until step {warmup.steps}"
+                 + (f" (at most {warmup.max_seconds:,.0f} s of training)"
+                    if warmup.max_seconds else "")
+                 + (" or until the held-out MLM accuracy stops rising"
+                    if warmup.until_plateau and tc.heldout_every else "")
+                 + f"; then the encoder trains at train.learning_rate {tc.learning_rate:g}"
+                 + (f", the new weights at {warmup.multiplier:g}x"
+                    if warmup.multiplier != 1 else ""))
+    elif warmup is not None and found and warmup.steps:
+        log.info(f"{prefix}: resuming after the head warm-up (the encoder unfroze at step "
+                 f"{warmup.unfrozen_at}): everything trains")
 
     # Time to accuracy: held-out MLM accuracy every train.heldout_every steps on a fixed sample
     # of the held-out batches; the training seconds continue those of the checkpoint resumed.
@@ -128,6 +157,9 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                         flops_per_token=per_token, peak_flops=peak,
                         max_seconds=tc.max_seconds, clock=clock)
     guard = NonFiniteGuard(check_grad_norm=tc.precision != "mixed_float16")
+    warmup_end = ([HeadWarmupEnd(warmup, phase.checkpoint_dir, probe, write=chief, prefix=prefix,
+                                 to_mlflow=chief, clock=clock)]
+                  if warmup is not None and warmup.warming(start_step) else [])
     schedule = learning_rate_schedule(optimizer)
     budget = ([ScheduleClock(schedule, clock)]
               if schedule is not None and schedule.seconds is not None else [])
@@ -145,7 +177,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                 initial_epoch=start_step // chunk,
                 epochs=math.ceil(tc.steps / chunk),
                 callbacks=[*budget, logger, guard, stop,
-                           *([probe] if probe else []),
+                           *([probe] if probe else []), *warmup_end,  # after the probe
                            Checkpointer(phase.checkpoint_dir, tc.keep_checkpoints, config_yaml,
                                         chief, guard,
                                         clock=clock)],
@@ -154,6 +186,9 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
             )
         except tf.errors.ResourceExhaustedError as err:
             raise PretrainError(oom_message(config, strategy)) from err
+        finally:
+            if warmup is not None:  # saved (and passed on) with every layer trainable
+                model.train_everything()
         if guard.bad_step is not None:
             last = latest_checkpoint(phase.checkpoint_dir)
             kept = (f"the last good checkpoint {last[1].name} (step {last[0]}) is kept and a "

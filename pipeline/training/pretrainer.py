@@ -3,7 +3,8 @@ step is compiled (the step itself is `models.BertPretrainer.train_step`) and its
 
     build_model        models.BertPretrainer (MLM head tied to the embeddings + NSP/SOP) in
                        train.precision, from model.* (or a converted checkpoint: init_from_checkpoint)
-    build_optimizer    AdamW or LAMB with warmup + linear/polynomial decay (models/)
+    build_optimizer    AdamW or LAMB with warmup + linear/polynomial decay (models/), with
+                       rate groups and a hold for the head warm-up (head_warmup.py)
     compile_model      MLM (weighted) + NSP losses, metrics, the step's fused kernels and XLA
                        per `resolve_jit_compile` / `xla_optimizer`
     flops_per_token    the model FLOPs of one training token (for MFU)
@@ -23,7 +24,7 @@ import tensorflow as tf
 import models
 from models import fused, keras_compat
 from models.flops import training_flops_per_token
-from models.optimizers import Lamb
+from models.optimizers import AdamW, Lamb
 from models.schedules import WarmupPolynomialDecay
 from pipeline import config as config_lib
 from pipeline.config import Config
@@ -76,12 +77,13 @@ def build_optimizer(tc: config_lib.TrainConfig) -> keras.optimizers.Optimizer:
                                      end_learning_rate=tc.end_learning_rate,
                                      power=tc.decay_power, micro_steps_per_update=accum,
                                      decay_seconds=(tc.max_seconds if tc.decay_over == "max_seconds"
-                                                    else 0.0))
+                                                    else 0.0),
+                                     hold_learning_rate=tc.head_learning_rate)  # hold: head_warmup
     kwargs = {"learning_rate": schedule, "weight_decay": tc.weight_decay, "beta_1": tc.beta_1,
               "beta_2": tc.beta_2, "epsilon": tc.epsilon,
               "global_clipnorm": tc.clipnorm or None,
               "gradient_accumulation_steps": accum if accum > 1 else None}
-    optimizer = Lamb(**kwargs) if tc.optimizer == "lamb" else keras.optimizers.AdamW(**kwargs)
+    optimizer = Lamb(**kwargs) if tc.optimizer == "lamb" else AdamW(**kwargs)
     # BERT does not decay LayerNorm parameters or biases (LAMB: nor adapt their step).
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
     if tc.precision == "mixed_float16":

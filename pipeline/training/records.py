@@ -49,6 +49,7 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
             raise PretrainError(
                 f"the TFRecords in {paths.data_dir} were made with data.{key} = {made.get(key, 'static')}, but the "
                 f"config says {getattr(config.data, key)}; run `make data` again with this config")
+    check_enough_instances(config, paths, stats)
     if not config.data.phases and config.data.max_seq_length > config.model.max_sequence_length:
         raise PretrainError(f"data.max_seq_length {config.data.max_seq_length} exceeds "
                             f"model.max_sequence_length {config.model.max_sequence_length}")
@@ -69,6 +70,22 @@ def check_inputs(config: Config, paths: Artifacts) -> tuple[int, dict]:
                 f"({shown}); run again with --force to start over (they are kept aside, not "
                 f"deleted), use another run_dir, or go back to the settings in {saved_path}")
     return vocabulary_size, stats
+
+
+def check_enough_instances(config: Config, paths: Artifacts, stats: dict) -> None:
+    """A corpus too small for one training batch is refused: its few instances would be
+    repeated in every batch (a model that memorises them, no held-out signal)."""
+    made = (stats.get("train") or {}).get("instances")
+    batch = config.train.batch_size
+    if made is None or made >= batch:
+        return
+    corpus = (config.corpus.path if config.corpus.source == "files"
+              else f"the {config.corpus.source} corpus")
+    raise PretrainError(
+        f"the corpus {corpus} makes {made} training instance(s) ({paths.data_stats}), fewer "
+        f"than one batch of train.batch_size = {batch}; give more text (corpus.path), or "
+        f"lower train.batch_size to at most {max(made, 1)} (data.dupe_factor = "
+        f"{config.data.dupe_factor} makes more instances of the same text)")
 
 
 def masking_args(config: Config, paths: Artifacts, training: bool = False) -> dict:
