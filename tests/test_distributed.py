@@ -47,7 +47,7 @@ if mode == "mirrored":
 from pipeline.stages import pretrain
 from test_training import tiny_config
 if mode == "mirrored":
-    pretrain.export = lambda model, paths: None
+    pretrain.export = lambda model, paths, *lowercase: None
 if mode == "multi_worker":
     # Through the CLI, as on a cluster: only the chief takes the run lock and records MLflow runs.
     from pipeline import artifacts, cli
@@ -113,7 +113,7 @@ def runs(tmp_path_factory):
     processes["mirrored"] = start("mirrored", root / "mirrored")
     try:
         export = pretrain.export
-        pretrain.export = lambda model, paths: None
+        pretrain.export = lambda model, paths, *lowercase: None
         try:
             with PipelineLines() as reference_log:
                 reference = pretrain.run(tiny_config(root / "reference", *ARGS))

@@ -61,8 +61,11 @@ def _set(raw: dict, key: str, value) -> None:
 
 
 def _same(key: str, given, wanted) -> bool:
-    if key == "vocab.from_file":
-        return bool(given) and Path(str(given)).resolve() == Path(str(wanted)).resolve()
+    if key == "vocab.from_file":  # the same file, or a copy of it (a model's vocab beside it)
+        if not given:
+            return False
+        a, b = Path(str(given)).resolve(), Path(str(wanted)).resolve()
+        return a == b or (a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes())
     if isinstance(wanted, float):
         try:
             return math.isclose(float(given), wanted, rel_tol=1e-6)

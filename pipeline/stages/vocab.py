@@ -92,7 +92,7 @@ def unknown_shares(config: Config, paths: Artifacts, source: str) -> dict:
                                    config.corpus.text_key)
     for path, (share, pieces) in shares.items():
         if share > coverage.WARN_SHARE:
-            log.warning(f"vocab: warning: {share:.1%} of the WordPiece pieces of {path} are "
+            log.warning(f"vocab: {share:.1%} of the WordPiece pieces of {path} are "
                         f"[UNK] under the vocab {source} (the first {pieces:,} pieces); the text "
                         f"is likely in another language or script than the vocab's and the "
                         f"model would learn to predict [UNK]: start from a checkpoint whose vocab "
