@@ -259,16 +259,11 @@ def pretrain_command(init: Path, run_dir: Path, corpus: str, fmt: str, seconds: 
 # The steps
 # ---------------------------------------------------------------------------
 def run(args, command: list, name: str, show=lambda line: False) -> dict:
-    log = args.work / "logs" / f"{name}.log"
-    return bf.check(bf.run_child(command, log, f"  {name}| ", show), name, log, NAME)
+    return bf.run_step(args.work, command, name, NAME, show)
 
 
 def print_machine() -> None:
-    model, flags = bf.cpu_facts()
-    print(f"{NAME}: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} (other users' work)")
-    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
-    print("  " + "  ".join(f"{k} {v}" for k, v in bf.versions().items()), flush=True)
+    bf.print_machine(NAME)
 
 
 def load_split(args):

@@ -247,20 +247,15 @@ def self_command(args, role: str) -> list:
             str(args.work)]
 
 
-def run(args, command: list, name: str, show) -> dict:
-    log = args.work / "logs" / f"{name}.log"
-    return bf.check(bf.run_child(command, log, f"  {name}| ", show), name, log, NAME)
+def run(args, command: list, name: str, show=lambda line: False) -> dict:
+    return bf.run_step(args.work, command, name, NAME, show)
 
 
 # ---------------------------------------------------------------------------
 # The steps
 # ---------------------------------------------------------------------------
 def print_machine() -> None:
-    model, flags = bf.cpu_facts()
-    print(f"bench-checkpoint: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other users' work)")
-    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
-    print("  " + "  ".join(f"{k} {v}" for k, v in bf.versions().items()), flush=True)
+    bf.print_machine(NAME)
 
 
 def print_header(args, source: dict, checkpoint: Path) -> None:

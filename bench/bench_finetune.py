@@ -250,6 +250,23 @@ def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True
             "load": (load, os.getloadavg()[0])}
 
 
+def run_step(work: Path, command: list, name: str, bench: str,
+             show=lambda line: False) -> dict:
+    """A child step of a bench: its output to <work>/logs/<name>.log (the lines `show` picks
+    on the console, prefixed), checked (`check`)."""
+    log = work / "logs" / f"{name}.log"
+    return check(run_child(command, log, f"  {name}| ", show), name, log, bench)
+
+
+def print_machine(bench: str) -> None:
+    """The bench's first lines: time, CPU model and count, load, flags, library versions."""
+    model, flags = cpu_facts()
+    print(f"{bench}: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} (other users' work)")
+    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
+    print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()), flush=True)
+
+
 def check(child: dict, what: str, log_path: Path, bench: str) -> dict:
     """`child` (run_child's) if it exited 0; else exits naming `bench` (the bench whose step
     failed: bench-finetune, bench-checkpoint), `what` failed, its log and the log's last lines."""
