@@ -151,9 +151,13 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     and `log_file`; returns the pipeline's logger. Calling it again replaces its handlers.
     `verbose`: every library's INFO records on stderr too, and `stage` leaves stderr as it is."""
     root, ours = logging.getLogger(), logging.getLogger(NAME)
-    for handler in _HANDLERS:
-        (ours if handler in ours.handlers else root).removeHandler(handler)
-        handler.close()
+    # Every handler an earlier call installed, also one a caller took off and put back after
+    # the next call (a test's fixture): a line is never printed twice.
+    for logger in (root, ours):
+        for handler in logger.handlers[:]:
+            if handler in _HANDLERS or getattr(handler, "_pipeline_setup", False):
+                logger.removeHandler(handler)
+                handler.close()
     _HANDLERS.clear()
     to_file = logging.FileHandler(log_file, encoding="utf-8")
     to_file.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
@@ -179,6 +183,8 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     _STATE.update(verbose=verbose, others=others)
     logging.captureWarnings(False)  # re-installed: something may have reset warnings.showwarning
     logging.captureWarnings(True)
+    for handler in (to_console, to_file, others):
+        handler._pipeline_setup = True
     _HANDLERS.extend([to_console, to_file, others])
     return ours
 

@@ -120,6 +120,20 @@ def test_log_file_gets_the_pipeline_lines_and_the_libraries_warnings(tmp_path, c
     # A second invocation replaces the handlers instead of adding to them.
     logs.setup(tmp_path / "second.log").info("once")
     assert capsys.readouterr().out == "once\n"
+    # Also when a caller took the handlers off, called `setup`, and put the earlier ones back
+    # (a test fixture restoring the loggers as it found them): the CI run that printed the
+    # [UNK] warning twice.
+    ours = logging.getLogger("pipeline")
+    earlier = list(ours.handlers)
+    for handler in earlier:
+        ours.removeHandler(handler)
+    logs.setup(tmp_path / "third.log")
+    for handler in ours.handlers[:]:
+        ours.removeHandler(handler)
+    for handler in earlier:
+        ours.addHandler(handler)
+    logs.setup(tmp_path / "fourth.log").info("once more")
+    assert capsys.readouterr().out == "once more\n"
     logging.captureWarnings(False)
 
 
