@@ -226,6 +226,9 @@ class TrainConfig:
                                   "its earlier ones), then checkpoint, evaluate and export as "
                                   "after the last step; 0: no limit", ge=0.0)
     heldout_batches: int = key(8, "held-out batches per probe; 0: all", ge=0)
+    general_heldout: str = key("", "general text scored beside the domain's with every held-out "
+                                   "probe (general_mlm_accuracy; what adapting costs): brown "
+                                   "(the demo corpus) | a glob of raw-text files | '' (off)")
     shuffle_buffer: int = key(10_000, "records in the training data's shuffle buffer", ge=1)
     seed: int = key(12345, "seed of the initialisation and the data order")
     data_sharding: str = key("auto", "how multi_worker workers split the training data: auto "

@@ -278,8 +278,10 @@ class HeldOutProbe(keras.callbacks.Callback):
 
     def __init__(self, batches: list, every: int, total_steps: int,
                  to_mlflow: bool = True, levels=ACCURACY_LEVELS, seconds_before: float = 0.0,
-                 prefix: str = "pretrain", at_start: bool = False):
+                 prefix: str = "pretrain", at_start: bool = False, general=None):
         super().__init__()
+        # general: batches of general text scored with every probe (training/general_text.py)
+        self.general, self.general_curve = general, []
         # at_start: also probe before the first update (step 0) when training starts from
         # step 0: what an imported checkpoint already knows about this corpus.
         self.at_start = at_start
@@ -316,9 +318,13 @@ class HeldOutProbe(keras.callbacks.Callback):
         seconds = self.train_seconds()
         started = time.time()
         accuracy = masked_lm_accuracy(self.model, self.batches)
-        self.probe_seconds += time.time() - started
         self.curve.append((step, seconds, accuracy))
         metrics = {"heldout_mlm_accuracy": accuracy, "train_seconds": seconds}
+        if self.general:
+            general = masked_lm_accuracy(self.model, self.general)
+            self.general_curve.append((step, general))
+            metrics["general_mlm_accuracy"] = general
+        self.probe_seconds += time.time() - started
         for level in self.levels:
             if accuracy >= level and level not in self.reached:
                 self.reached[level] = seconds

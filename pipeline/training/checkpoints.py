@@ -133,7 +133,8 @@ NOT_SHAPING = frozenset({
     "data.beam_args", "train.strategy", "train.allow_cpu", "train.tpu", "train.jit_compile",
     "train.steps_per_execution",
     "train.checkpoint_every", "train.keep_checkpoints", "train.log_every", "train.eval_batches",
-    "train.heldout_every", "train.heldout_batches", "train.peak_flops_seconds",
+    "train.heldout_every", "train.heldout_batches", "train.general_heldout",
+    "train.peak_flops_seconds",
     "train.data_sharding", "train.resume_data", "train.max_seconds",
 })
 

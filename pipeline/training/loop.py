@@ -18,6 +18,7 @@ from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
 from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
+from pipeline.training import general_text
 from pipeline.training import strategy as strategy_lib
 from pipeline.training.callbacks import (
     Checkpointer,
@@ -147,7 +148,8 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
         sample = eval_data.take(tc.heldout_batches) if tc.heldout_batches else eval_data
         probe = HeldOutProbe(list(sample), tc.heldout_every, tc.steps, to_mlflow=chief,
                              seconds_before=seconds_before, prefix=prefix,
-                             at_start=new_weights is not None)
+                             at_start=new_weights is not None,
+                             general=general_text.for_run(config, paths))
     started = time.time()
     clock = probe.train_seconds if probe else (lambda: seconds_before + time.time() - started)
     stop = StopAt(tc.steps, tc.max_seconds, clock)
@@ -231,6 +233,9 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
                            step=results["step"])
     heldout = ({"curve": probe.curve, "reached": {f"{k:g}": v for k, v in probe.reached.items()},
                 "every": tc.heldout_every, "batches": tc.heldout_batches} if probe else None)
+    if probe is not None and probe.general_curve:
+        heldout["general"] = general_text.report(tc.general_heldout, probe.general_curve,
+                                                 warmup, chief, prefix)
     return {"model": model, "parameters": params, "start_step": start_step,
             "weights_sha256": digest, "history": logger.history, "results": results,
             "heldout": heldout}
