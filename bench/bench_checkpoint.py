@@ -35,10 +35,10 @@ Hugging Face BERT directory instead. On the demo corpus (Brown, `make setup`):
     seeded sample of N documents.
 
 Last line: `bench-checkpoint: finetune <ours> transformers <theirs> best-baseline <b> search-mrr
-<m> tfidf <t>` (test macro-F1 of the MiniLM fine-tuned by our stage and by Trainer, of the
-strongest classical baseline;
-MRR of the MiniLM's passage-max search and of TF-IDF on the same passages). Everything goes to
---work (default runs/bench-checkpoint, emptied first; logs in its logs/, result.json).
+<m> tfidf <t> tfidf-document <d>` (test macro-F1 of the MiniLM fine-tuned by our stage and by
+Trainer, of the strongest classical baseline; MRR of the MiniLM's passage-max search, of TF-IDF
+on the same passages, and of TF-IDF on whole documents, which can beat both). Everything goes
+to --work (default runs/bench-checkpoint, emptied first; logs in its logs/, result.json).
 """
 
 from __future__ import annotations
@@ -131,12 +131,23 @@ class BadInput(Exception):
 # ---------------------------------------------------------------------------
 # Pure helpers (tests/test_bench_checkpoint.py)
 # ---------------------------------------------------------------------------
-def last_line(finetune, transformers, baseline, search_mrr, tfidf) -> str:
-    """The bench's last line (`baseline`: the strongest classical baseline's macro-F1); a
+def last_line(finetune, transformers, baseline, search_mrr, tfidf, tfidf_document) -> str:
+    """The bench's last line (`baseline`: the strongest classical baseline's macro-F1;
+    `tfidf`: TF-IDF's MRR on the MiniLM's passages, `tfidf_document`: on whole documents); a
     figure not measured reads n/a."""
     f = lambda v: "n/a" if v is None else f"{v:.4f}"
     return (f"bench-checkpoint: finetune {f(finetune)} transformers {f(transformers)} "
-            f"best-baseline {f(baseline)} search-mrr {f(search_mrr)} tfidf {f(tfidf)}")
+            f"best-baseline {f(baseline)} search-mrr {f(search_mrr)} tfidf {f(tfidf)} "
+            f"tfidf-document {f(tfidf_document)}")
+
+
+def results_line(tuned: dict, found: dict) -> str:
+    """The last line from fine_tuning()'s results and search()'s (retrieval-eval's keys,
+    pipeline/tools/retrieval_eval.py)."""
+    return last_line(tuned["ours"]["macro_f1"], tuned["transformers"]["macro_f1"],
+                     tuned["baselines"][tuned["baselines"]["best"]]["macro_f1"],
+                     found["asymmetric_passage_max"]["mrr"], found["tfidf_passage_max"]["mrr"],
+                     found["tfidf_document"]["mrr"])
 
 
 def sample_documents(doc_ids, documents, queries, relevant, n: int, seed: int,
@@ -461,7 +472,7 @@ def search(args, settings: dict) -> dict:
         print(f"  {name:42}{r['recall_at_1']:9.3f}{r['recall_at_5']:9.3f}"
               f"{r['recall_at_10']:10.3f}{r['mrr']:8.3f}")
     print("  last line: best passage for both (the same passages; what `predict --passages` "
-          "serves)")
+          "serves), and TF-IDF on whole documents")
     return results
 
 
@@ -517,9 +528,7 @@ def main(argv=None) -> int:
     except BadInput as err:
         print(f"bench-checkpoint: error: {err}", file=sys.stderr)
         return 2
-    line = last_line(tuned["ours"]["macro_f1"], tuned["transformers"]["macro_f1"],
-                     tuned["baselines"][tuned["baselines"]["best"]]["macro_f1"],
-                     found["asymmetric_passage_max"]["mrr"], found["tfidf_passage_max"]["mrr"])
+    line = results_line(tuned, found)
     from pipeline.artifacts import write_text_atomic
 
     write_text_atomic(args.work / "result.json", json.dumps({

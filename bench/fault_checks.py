@@ -119,22 +119,38 @@ def contextlib_closing(db):
 @dataclasses.dataclass
 class Result:
     stage: str
-    kind: str
-    killed_at: float | None
+    kind: str                # the kind of kill / fault; "none": a case with nothing to inject
+    killed_at: float | None  # seconds since the start at which the fault was delivered (or None)
     inside: bool = False
     after_kill: str = ""     # absent | complete | partial (the output folder after the kill)
     rerun: str = ""          # identical | curve | failed ...
     mlflow: str = ""
     strays: int = 0          # temporaries of the killed run still there after the re-run
     problems: list = dataclasses.field(default_factory=list)
+    # Why a fault that was delivered (or tried) does not count as injected: the process had
+    # ended on its own, the stage had written its completion marker, no job saw the outage
+    # (bench/fault_suite.py kill_verdict, bench/fault_server.py restart_verdict). "" if it does.
+    not_injected: str = ""
+
+    @property
+    def no_fault(self) -> bool:
+        """A check with nothing injected (server_concurrent): reported apart, not tallied."""
+        return self.kind == "none"
 
     @property
     def injected(self) -> bool:
-        return self.killed_at is not None
+        """The fault verifiably happened (its verification passed): only these are tallied."""
+        return not self.no_fault and self.killed_at is not None and not self.not_injected
 
     @property
     def survived(self) -> bool:
         return self.injected and not self.problems
+
+    @property
+    def lost(self) -> bool:
+        """Something was lost: a check failed, whether or not the fault counts as injected
+        (a no-fault case's or an unverified fault's failed checks are losses too)."""
+        return bool(self.problems)
 
 
 # ---------------------------------------------------------------------------

@@ -34,7 +34,11 @@ the server's REST API:
   was rejected (outbox.rejected.jsonl would hold calls the store refused: lost).
 
 Each case's Result reads like fault_suite's: survived when every check passed; `rerun` says
-what the outage cost (warnings, calls kept and sent later). The server lives in its own
+what the outage cost (warnings, calls kept and sent later). A restart counts as injected only
+when verified (restart_verdict): the kill came while all three jobs were running, and at least
+one job met the outage (the outbox's "does not answer" warning in its log after the kill);
+otherwise it is reported as not injected, its checks still run. server_concurrent injects
+nothing: a no-fault check, passed or failed, outside the tally. The server lives in its own
 world-searchable temporary folder (the cluster runs as the `postgres` system user), started
 once for the cases and stopped at the end; only process groups this suite started are killed.
 """
@@ -81,6 +85,9 @@ SYSTEM_METRIC = "system/cpu_utilization_percentage"
 STEP_LINE = re.compile(r"^step (\d+)/\d+\s")
 FT_STEP_LINE = re.compile(r"^finetune: step (\d+)/\d+\s")
 FT_EPOCH_LINE = re.compile(r"^finetune: epoch (\d+)\s+step (\d+)\s")
+# What a job's log says when one of its MLflow calls meets the outage: the outbox's warning,
+# once per outage (pipeline/tracking/outbox.py _went_down).
+OUTAGE_WARNING = "does not answer"
 
 
 # ---------------------------------------------------------------------------
@@ -171,6 +178,27 @@ def expected_artifacts(job: str, run_dir: Path) -> dict[str, Path]:
     names = ["metrics.json", "model.keras"] + sorted(
         p.name for p in out.glob("test_predictions*"))
     return {f"finetune/{name}": out / name for name in names}
+
+
+def saw_outage(logs: dict, offsets: dict) -> list[str]:
+    """The jobs whose log holds the outbox's outage warning after `offsets` (each log's size
+    in bytes just before the fault; 0: the whole log)."""
+    return [job for job, path in logs.items()
+            if OUTAGE_WARNING in Path(path).read_bytes()[offsets.get(job, 0):].decode(
+                errors="replace")]
+
+
+def restart_verdict(killed_at: float | None, inside: bool, saw: list) -> str:
+    """Why a server / PostgreSQL restart does not count as injected ("" when it does): it
+    counts only if the kill came while every job was still running (inside their run) and at
+    least one job met the outage (its log warned after the kill)."""
+    if killed_at is None:
+        return "not killed: the jobs did not all reach their training loop"
+    if not inside:
+        return "a job had already ended when the kill came"
+    if not saw:
+        return "no job saw the outage (no outage warning in any job's log after the kill)"
+    return ""
 
 
 # ---------------------------------------------------------------------------
@@ -310,7 +338,7 @@ def run_case(top: Path, team: Team, base: Path, case: str, rng: random.Random,
     shutil.rmtree(folder, ignore_errors=True)
     experiment = f"faults-{case}"
     result = Result(case, fault or "none", None)
-    procs, logs, run_dirs, back_ms = {}, {}, {}, 0
+    procs, logs, run_dirs, back_ms, offsets = {}, {}, {}, 0, {}
     for job in JOBS:
         run_dirs[job] = folder / job / "run"
         copy_run(base, run_dirs[job], job)
@@ -325,12 +353,11 @@ def run_case(top: Path, team: Team, base: Path, case: str, rng: random.Random,
                 start_new_session=True)
     began = time.time()
     try:
-        if fault is None:
-            result.killed_at = 0.0  # nothing to inject: the case itself is the concurrency
-        else:
+        if fault is not None:  # (none: nothing to inject, the case is the concurrency)
             training = _wait_training(procs, logs, timeout=600)
             if training:
                 time.sleep(rng.uniform(0, 3))
+                offsets = {job: logs[job].stat().st_size for job in JOBS}  # what came before
                 killed = (kill_mlflow if fault == "server" else kill_postgres)(team)
                 result.killed_at = time.time() - began
                 result.inside = all(p.poll() is None for p in procs.values())
@@ -360,13 +387,15 @@ def run_case(top: Path, team: Team, base: Path, case: str, rng: random.Random,
         if code != 0:
             result.problems.append(f"{job}: tracking-sync exit {code}: {said}")
     result.mlflow = check_runs(team, experiment, run_dirs, logs, result, back_ms)
-    warned = sum("does not answer" in logs[job].read_text(errors="replace") for job in JOBS)
+    saw = saw_outage(logs, offsets)
+    if fault is not None:
+        result.not_injected = restart_verdict(result.killed_at, result.inside, saw)
     sent = sum(int(m.group(1)) for job in JOBS for m in re.finditer(
         r"sent the (\d+) calls kept", logs[job].read_text(errors="replace")))
     sent += sum(int(m.group(1)) for _, said in synced.values()
                 for m in re.finditer(r"sent (\d+) kept calls", said))
     result.rerun = (f"{len(JOBS)} jobs exit 0 in {max(0.0, time.time() - began):.0f} s; "
-                    f"{warned} saw the outage, {sent} kept calls sent later"
+                    f"{len(saw)} saw the outage, {sent} kept calls sent later"
                     if not failed else "failed")
     return result
 
@@ -461,6 +490,16 @@ def check_runs(team: Team, experiment: str, run_dirs: dict, logs: dict, result: 
             + (f"; system metrics checked after the outage in {resumed} runs" if back_ms else ""))
 
 
+def _verdict(result: Result) -> str:
+    problems = "; ".join(result.problems)
+    if result.no_fault:
+        return f"no fault: {'FAILED ' + problems if result.lost else 'passed'}"
+    if not result.injected:
+        return (f"not injected ({result.not_injected})"
+                + (f"; its checks failed: {problems}" if result.lost else ""))
+    return "survived" if result.survived else "LOST " + problems
+
+
 def _parent_dir(runs: list[dict], run: dict) -> str:
     parent = tags_of(run).get("mlflow.parentRunId", "")
     found = next((r for r in runs if r["info"]["run_id"] == parent), None)
@@ -492,7 +531,7 @@ def run_cases(top: Path, cases, seed: int, log=print) -> list[Result]:
             log(f"  {case:17s} {result.kind:8s} "
                 f"{'-' if result.killed_at is None else f'{result.killed_at:5.1f} s'}: "
                 f"{result.rerun}; {result.mlflow}: "
-                f"{'survived' if result.survived else 'LOST ' + '; '.join(result.problems)}"
+                f"{_verdict(result)}"
                 f"  [{time.time() - started:.0f} s]")
     finally:
         server_lib.stop(base / "server")

@@ -55,14 +55,23 @@ and MLflow: the re-run's parent run FINISHED, its stage.<name>.run_id a FINISHED
 stage; for pretrain, a killed run that had written a checkpoint is the run reopened (resumed,
 tag resume.count), not a new one.
 
-Survived = every check passed; lost = a kill after which one failed; a kill that did not happen
-(the process ended before the moment came, in ATTEMPTS runs with fresh draws) is counted as
-missed, not injected. The last line
-reads `fault-suite: <survived>/<injected> survived, <lost> lost`; the exit status is 1 if
-anything was lost. tests/test_faults.py runs one kill of the fast stages with these functions.
+A kill counts as injected only when it is verified (kill_verdict): the suite sent it, the
+process died of it (exit status -9, SIGKILL; not an exit of its own just before) and the
+stage's completion marker (<output>/.stage.json, which the CLI writes last, after the outputs
+and their checksums) did not exist once the process group was dead, so the stage was still
+inside its work. A kill not verified is tried again from the start state with a fresh draw,
+up to ATTEMPTS runs; then it is reported as not injected (with why) and counted apart.
+Survived = an injected kill after which every check passed; lost = one after which a check
+failed. The last line reads `fault-suite: <survived>/<injected> survived, <lost> lost, <n>
+not injected` (injected: verified only); the exit status is 1 if anything was lost (a no-fault
+check or an unverified fault whose checks failed included), not for a fault merely not
+injected. tests/test_faults.py runs one kill of the fast stages with these functions.
 The team server's cases (server_concurrent, server_restart, postgres_restart: concurrent jobs
 on a PostgreSQL-backed MLflow server, the server or PostgreSQL killed mid-run) are in
-bench/fault_server.py; each runs once (--kills is for the stages).
+bench/fault_server.py; each runs once (--kills is for the stages). A restart counts as
+injected only if every job was still running at the kill and at least one job's log warned
+of the outage after it; server_concurrent injects nothing: a check, reported on its own line
+(passed / failed), not in the tally.
 
 This file draws the moments, runs, watches and kills the stages and tallies the results; the
 stages' tiny settings and inputs are bench/fault_setup.py's, the checks after each kill and
@@ -140,6 +149,9 @@ class Watched:
     output: str
     killed_at: float | None = None
     inside: bool = False  # the temporary file / journal was still there after the kill
+    # The stage's completion marker (<output>/.stage.json) was there once the process had
+    # ended: after a kill, it was written before the kill (the stage had finished).
+    completed: bool = False
     # seconds since the start at which each kind was seen, and when each log line appeared
     seen: dict = dataclasses.field(default_factory=dict)
     lines: list = dataclasses.field(default_factory=list)
@@ -160,6 +172,42 @@ def temporaries(run_dir: Path) -> list[Path]:
     return found
 
 
+def marker(run_dir: Path, stage: str) -> Path:
+    """The file that marks `stage` complete: the CLI writes <output>/.stage.json last, after
+    the outputs and their checksums, before the stage's MLflow run ends (pipeline/cli.py,
+    lineage.write_marker); the suite starts each stage with its output absent."""
+    from pipeline.artifacts import Artifacts
+    from pipeline.tracking import lineage
+
+    return lineage.marker_path(COMMAND.get(stage, stage), Artifacts(run_dir))
+
+
+def kill_group(proc: subprocess.Popen, completion: Path) -> tuple[int, bool]:
+    """SIGKILL of the process group the suite started (by its leader's pid; nothing else), then
+    the leader reaped. Returns its exit status (-9: it died of the SIGKILL; anything else: it
+    had ended on its own before the signal came) and whether `completion` (the stage's marker)
+    exists now that the group is dead, i.e. was written before the kill."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group had ended and been reaped already
+        pass
+    proc.wait(timeout=60)
+    return proc.returncode, completion.exists()
+
+
+def kill_verdict(killed_at: float | None, returncode: int | None, completed: bool) -> str:
+    """Why a kill does not count as injected ("" when it does): it counts only if the suite
+    sent it, the process died of it (SIGKILL: exit status -9) and the stage had not written
+    its completion marker by then (it was still inside its work)."""
+    if killed_at is None:
+        return f"not killed: the stage ended first (exit {returncode})"
+    if returncode != -signal.SIGKILL:
+        return f"ended on its own (exit {returncode}) before the SIGKILL came"
+    if completed:
+        return "killed after the stage had written its completion marker (.stage.json)"
+    return ""
+
+
 def start(top: Path, stage: str, log_path: Path) -> subprocess.Popen:
     """`python -m pipeline <stage>` in its own process group (killed by its pid alone)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
@@ -176,6 +224,7 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
     """Runs the stage; records when temporaries / the journal exist and when log lines appear;
     with a `moment`, kills the process group (SIGKILL) when it comes."""
     run_dir, journal = top / "root" / "run", top / "root" / "mlflow.db-journal"
+    completion, completed = marker(run_dir, stage), False
     checkpoints, written = run_dir / FINETUNE_CHECKPOINTS, set()
 
     def new_checkpoint() -> bool:
@@ -215,8 +264,7 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
             if (moment and anchor is not None and now >= anchor + moment.at
                     and (moment.kind == "random" or hits[moment.kind])
                     and episodes[moment.kind] >= moment.occurrence):
-                os.killpg(proc.pid, signal.SIGKILL)  # our own child's group, by pid
-                proc.wait(timeout=60)
+                _, completed = kill_group(proc, completion)  # our own child's group, by pid
                 killed_at = now
                 inside = moment.kind in ("file", "mlflow") and probes[moment.kind]()
                 break
@@ -225,9 +273,11 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
+    completed = completed or (killed_at is None and completion.exists())
     output = log_path.read_text(errors="replace")
     lines += [(time.time() - began, line) for line in output[len(text):].splitlines()]
-    return Watched(proc.returncode, time.time() - began, output, killed_at, inside, seen, lines)
+    return Watched(proc.returncode, time.time() - began, output, killed_at, inside,
+                   completed=completed, seen=seen, lines=lines)
 
 
 def line_time(watched: Watched, needle: str) -> float | None:
@@ -321,6 +371,7 @@ class Suite:
     def kill_once(self, stage: str, kind: str, rng: random.Random) -> Result:
         """From the state before `stage`, kill it at a drawn moment of `kind`, check what is
         left, run it again, compare."""
+        reasons = []
         for attempt in range(ATTEMPTS):  # a file / journal moment can come and go unseen
             self.restore(f"before-{COMMAND.get(stage, stage)}")
             before = set(self.store.runs())
@@ -329,12 +380,15 @@ class Suite:
                 occurrence = 1 if attempt == ATTEMPTS - 1 else moment.occurrence >> attempt
                 moment = dataclasses.replace(moment, occurrence=max(1, occurrence))
             killed = watch(self.top, stage, self.top / "killed.log", moment)
-            result = Result(stage, kind, killed.killed_at, killed.inside)
+            verdict = kill_verdict(killed.killed_at, killed.returncode, killed.completed)
+            result = Result(stage, kind, killed.killed_at, killed.inside, not_injected=verdict)
             if result.injected:
                 break
+            reasons.append(verdict)  # not verified: tried again from the start state
+            self.log(f"  {stage:8s} {kind:6s} try {attempt + 1}: not injected ({verdict})")
         else:
-            result.problems.append(f"not killed in {ATTEMPTS} tries: it ended first "
-                                   f"(exit {killed.returncode})")
+            result.not_injected = (f"{ATTEMPTS} tries, none verified: "
+                                   + "; ".join(sorted(set(reasons))))
             result.rerun = "-"
             return result
         runs_killed = {k: v for k, v in self.store.runs().items() if k not in before}
@@ -389,8 +443,9 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
                 f"{' (inside)' if result.inside else ''}: after kill {result.after_kill}, "
                 f"{result.strays} temporaries left, "
                 f"re-run {result.rerun}, {result.mlflow}: "
-                f"{'survived' if result.survived else 'missed' if not result.injected else 'LOST '}"
+                f"{'survived' if result.survived else 'LOST ' if result.injected else ''}"
                 f"{'; '.join(result.problems) if result.injected else ''}"
+                f"{'not injected (' + result.not_injected + ')' if not result.injected else ''}"
                 f"  [{time.time() - started:.0f} s]")
     if cases:
         results += fault_server.run_cases(top, cases, seed, log)
@@ -398,15 +453,22 @@ def run_suite(top: Path, stages, kills: int, seed: int, log=print) -> list[Resul
 
 
 def table(results: list[Result], stages) -> str:
-    rows = [(f"{'stage':9s} {'injected':>8s} {'survived':>8s} {'lost':>5s} {'missed':>6s} "
+    """Per stage / case: the verified injections, survived, lost, the faults that could not be
+    verified (not injected), ...; a no-fault case (server_concurrent) is a check, passed or
+    failed, outside the counts."""
+    rows = [(f"{'stage':9s} {'injected':>8s} {'survived':>8s} {'lost':>5s} {'not inj.':>8s} "
              f"{'inside file':>11s} {'inside mlflow':>13s} {'strays':>6s}  re-run outputs")]
     for stage in stages:
         mine = [r for r in results if r.stage == stage]
+        if mine and all(r.no_fault for r in mine):
+            rows.append(f"{stage:9s} no fault (a check, not in the tally): "
+                        + ", ".join("failed" if r.lost else "passed" for r in mine))
+            continue
         injected = [r for r in mine if r.injected]
         reruns = sorted({r.rerun.split(" (")[0].split(" from")[0] for r in injected})
         rows.append(
             f"{stage:9s} {len(injected):8d} {sum(r.survived for r in mine):8d} "
-            f"{sum(not r.survived for r in injected):5d} {len(mine) - len(injected):6d} "
+            f"{sum(not r.survived for r in injected):5d} {len(mine) - len(injected):8d} "
             f"{sum(r.inside for r in injected if r.kind == 'file'):11d} "
             f"{sum(r.inside for r in injected if r.kind == 'mlflow'):13d} "
             f"{sum(r.strays > 0 for r in injected):6d}  {', '.join(reruns)}")
@@ -441,16 +503,39 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(top, ignore_errors=True)
-    injected = [r for r in results if r.injected]
-    survived = sum(r.survived for r in results)
-    lost = len(injected) - survived
     print()
     print(table(results, stages))
-    missed = len(results) - len(injected)
-    print(f"wall time {time.time() - started:.0f} s" + (
-        f"; {missed} kill(s) missed (the stage ended before the moment)" if missed else ""))
-    print(f"fault-suite: {survived}/{len(injected)} survived, {lost} lost")
-    return 1 if lost else 0
+    print(f"wall time {time.time() - started:.0f} s")
+    lines, failed = summary(results)
+    for line in lines:
+        print(line)
+    return 1 if failed else 0
+
+
+def summary(results: list[Result]) -> tuple[list[str], bool]:
+    """The closing lines and whether the suite failed. Tallied: verified injections only. The
+    no-fault checks get a line of their own; the faults that could not be verified (retried
+    ATTEMPTS times for a stage kill, once for a server case) are counted apart, with why. The
+    suite fails (exit 1) if something was lost: a verified injection, a no-fault check or an
+    unverified fault whose checks found a problem; a fault merely not injected does not fail
+    it. The last line: `fault-suite: <survived>/<injected> survived, <lost> lost, <n> not
+    injected`."""
+    injected = [r for r in results if r.injected]
+    survived = sum(r.survived for r in injected)
+    checks = [r for r in results if r.no_fault]
+    uninjected = [r for r in results if not r.no_fault and not r.injected]
+    lines = []
+    if checks:
+        lines.append(f"no-fault checks: {sum(not r.lost for r in checks)} passed, "
+                     f"{sum(r.lost for r in checks)} failed ("
+                     + ", ".join(f"{r.stage} {'failed' if r.lost else 'passed'}" for r in checks)
+                     + ")")
+    for r in uninjected:
+        lines.append(f"not injected: {r.stage} {r.kind}: {r.not_injected}"
+                     + (f"; its checks failed: {'; '.join(r.problems)}" if r.lost else ""))
+    lines.append(f"fault-suite: {survived}/{len(injected)} survived, "
+                 f"{len(injected) - survived} lost, {len(uninjected)} not injected")
+    return lines, any(r.lost for r in results)
 
 
 if __name__ == "__main__":

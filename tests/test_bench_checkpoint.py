@@ -49,14 +49,26 @@ FILES = {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"\x00" 
 # The last line
 # ---------------------------------------------------------------------------
 def test_last_line_has_the_issue_s_format():
-    line = bench.last_line(0.71234, 0.7, 0.65, 0.4321, 0.39999)
+    line = bench.last_line(0.71234, 0.7, 0.65, 0.4321, 0.39999, 0.649)
     assert line == ("bench-checkpoint: finetune 0.7123 transformers 0.7000 best-baseline 0.6500 "
-                    "search-mrr 0.4321 tfidf 0.4000")
+                    "search-mrr 0.4321 tfidf 0.4000 tfidf-document 0.6490")
     words = line.split()
     assert words[0] == "bench-checkpoint:" and words[1::2] == [
-        "finetune", "transformers", "best-baseline", "search-mrr", "tfidf"]
-    assert bench.last_line(None, 0.5, 0.5, None, 0.1).split()[2::2] == [
-        "n/a", "0.5000", "0.5000", "n/a", "0.1000"]
+        "finetune", "transformers", "best-baseline", "search-mrr", "tfidf", "tfidf-document"]
+    assert bench.last_line(None, 0.5, 0.5, None, 0.1, None).split()[2::2] == [
+        "n/a", "0.5000", "0.5000", "n/a", "0.1000", "n/a"]
+
+
+def test_last_line_takes_whole_document_tfidf_from_the_search_results():
+    """The three MRRs come from retrieval-eval's keys: the MiniLM's best passage, TF-IDF's best
+    passage (the same passages) and TF-IDF on whole documents (the 2026-12-05 figures)."""
+    tuned = {"ours": {"macro_f1": 0.6301}, "transformers": {"macro_f1": 0.599},
+             "baselines": {"best": "tfidf_svm", "tfidf_svm": {"macro_f1": 0.6164}}}
+    found = {"asymmetric_passage_max": {"mrr": 0.6012}, "tfidf_passage_max": {"mrr": 0.592},
+             "tfidf_document": {"mrr": 0.649}, "bm25_document": {"mrr": 0.7}}
+    assert bench.results_line(tuned, found) == (
+        "bench-checkpoint: finetune 0.6301 transformers 0.5990 best-baseline 0.6164 "
+        "search-mrr 0.6012 tfidf 0.5920 tfidf-document 0.6490")
 
 
 # ---------------------------------------------------------------------------

@@ -108,3 +108,68 @@ def test_system_metrics_start_again_when_the_store_answers(tmp_path, monkeypatch
         if monitor is not None:
             monitor.finish()
         outbox.configure(None)
+
+
+# ---------------------------------------------------------------------------
+# What counts as injected (restart_verdict, saw_outage); server_concurrent outside the tally
+# ---------------------------------------------------------------------------
+OUTAGE = ("warning: the tracking store http://127.0.0.1:5000 does not answer (API request to "
+          "... failed); training goes on, and what it logs is kept in ...\n")
+
+
+def _logs(tmp_path, texts: dict) -> dict:
+    logs = {}
+    for job, text in texts.items():
+        logs[job] = tmp_path / f"{job}.log"
+        logs[job].write_text(text)
+    return logs
+
+
+def test_a_restart_no_job_saw_is_not_injected(tmp_path):
+    """A warning from before the kill (the log's size then is the offset) is not this outage;
+    with none after it, the restart is reported as not injected, whatever the checks say."""
+    logs = _logs(tmp_path, {"pretrain_a": "step 5/100000  loss 6.1\n" + OUTAGE,
+                            "pretrain_b": "step 5/100000  loss 6.1\n",
+                            "finetune": "finetune: step 10/24  loss 0.69\n"})
+    offsets = {job: path.stat().st_size for job, path in logs.items()}  # at the kill
+    with open(logs["pretrain_a"], "a") as out:
+        out.write("step 10/100000  loss 6.0\n")  # after the kill: trained on, saw nothing
+    saw = fault_server.saw_outage(logs, offsets)
+    assert saw == []
+    verdict = fault_server.restart_verdict(40.0, True, saw)
+    assert "no job saw the outage" in verdict
+    result = fault_server.Result("server_restart", "server", 40.0, inside=True,
+                                 not_injected=verdict)
+    assert not result.injected and not result.survived
+
+
+def test_a_restart_inside_the_run_that_a_job_saw_is_injected(tmp_path):
+    logs = _logs(tmp_path, {"pretrain_a": "step 5/100000  loss 6.1\n",
+                            "finetune": "finetune: step 10/24  loss 0.69\n"})
+    offsets = {job: path.stat().st_size for job, path in logs.items()}
+    with open(logs["finetune"], "a") as out:
+        out.write(OUTAGE + "tracking: the store ... answers again; sent the 12 calls kept "
+                  "meanwhile\n")
+    saw = fault_server.saw_outage(logs, offsets)
+    assert saw == ["finetune"]
+    assert fault_server.restart_verdict(40.0, True, saw) == ""
+    assert fault_server.Result("postgres_restart", "postgres", 40.0, inside=True).injected
+    # a kill that came after a job had ended is not inside the jobs' run
+    assert "already ended" in fault_server.restart_verdict(40.0, False, saw)
+    assert "not killed" in fault_server.restart_verdict(None, False, [])
+
+
+def test_server_concurrent_is_a_check_not_in_the_tally():
+    """The no-fault case injects nothing: not counted as a survived injection (it once was,
+    with killed_at 0.0), reported on its own line instead."""
+    from bench import fault_suite
+
+    assert fault_server.FAULT["server_concurrent"] is None
+    for killed_at in (None, 0.0):
+        concurrent = fault_server.Result("server_concurrent", "none", killed_at)
+        assert concurrent.no_fault and not concurrent.injected and not concurrent.survived
+    lines, failed = fault_suite.summary([fault_server.Result("server_concurrent", "none", None),
+                                         fault_server.Result("server_restart", "server", 40.0,
+                                                             inside=True)])
+    assert lines == ["no-fault checks: 1 passed, 0 failed (server_concurrent passed)",
+                     "fault-suite: 1/1 survived, 0 lost, 0 not injected"] and not failed
