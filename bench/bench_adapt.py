@@ -92,7 +92,8 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/finetune_brown.yaml",
                    help="the task's finetune config (Brown genre: brown_genre, single text)")
@@ -127,6 +128,11 @@ def parse_args(argv=None):
     p.add_argument("--work", default="runs/bench-adapt", help="emptied first")
     p.add_argument("--quick", action="store_true",
                    help=f"check the flow: {QUICK} unless given; not the goal's figures")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.quick:
         given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}

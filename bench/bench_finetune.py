@@ -119,7 +119,8 @@ VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accele
 QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256}
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=214,
                         help="optimizer steps, both sides (214: our stage logs its progress at "
@@ -147,6 +148,11 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help=f"try it: {QUICK} unless given")
     parser.add_argument("--role", choices=("init", "peer"), help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
         given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}

@@ -97,7 +97,8 @@ EXPERIMENT = "bench-quality"
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides for our stages (corpus, vocab, data, pretrain)")
@@ -124,6 +125,11 @@ def parse_args(argv=None):
                         help="the peer's schedule length (0: the steps that fit in the budget, "
                              "measured by a short untimed run)")
     parser.add_argument("--seed", type=int, default=12345, help="the peer's seed")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_intermixed_args(argv)  # flags and key=value in any order
     bad = [o for o in args.overrides if "=" not in o]
     if bad:

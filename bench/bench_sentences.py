@@ -174,12 +174,18 @@ def speed(split, paragraphs: list[list[str]], repeat: int) -> float:
     return n / best
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=2.0, help="MB of Brown text timed")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated candidate names")
     parser.add_argument("--show", default="", help="print NAME's disagreements with the gold")
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     paragraphs = brown_paragraphs()
     timed = brown_paragraphs(int(args.mb * 1e6))

@@ -62,7 +62,8 @@ import pipeline  # noqa: E402,F401  (before TensorFlow loads: its oneDNN switch,
 VOCAB, SEQ, PREDICTIONS, BATCH = 30522, 128, 20, 32
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="mini,small", help="comma-separated presets")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per contender")
@@ -83,6 +84,11 @@ def parse_args(argv=None):
                              "compare the loss curves (200: ~15 min on 2 cores)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="skip the torch.compile variant of the same-work transformers peer")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     return parser.parse_args(argv)
 
 

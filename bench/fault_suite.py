@@ -475,7 +475,8 @@ def table(results: list[Result], stages) -> str:
     return "\n".join(rows)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The fault suite's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=5, help="kills per stage (default 5)")
     parser.add_argument("--seed", type=int, default=20, help="seed of the kill moments")
@@ -483,6 +484,11 @@ def main(argv=None) -> int:
                         help=f"comma-separated, of {','.join(STAGES)} and the team server's "
                              f"cases (bench/fault_server.py)")
     parser.add_argument("--keep", default="", help="work in this folder and keep it")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     stages = [s for s in STAGES + SERVER_CASES if s in args.stages.split(",")]
     unknown = set(args.stages.split(",")) - set(STAGES + SERVER_CASES)

@@ -33,7 +33,8 @@ import numpy as np  # noqa: E402
 DATASHEET_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0}
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="base", help="tiny|mini|small|medium|base|large")
     parser.add_argument("--seq", type=int, default=128)
@@ -49,6 +50,11 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", action="store_true",
                         help="a 1-layer model, seq 32, batch 8, 2 steps, no XLA: checks it runs "
                              "(CPU)")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.tiny:
         args.preset, args.seq, args.predictions, args.batch, args.vocab = "tiny", 32, 5, 8, 1000

@@ -449,7 +449,8 @@ def load_keras(path) -> object:
         raise ParamsError(f"could not load {path} as a Keras model: {err}") from err
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """params' parser (docs/cli.md is generated from it)."""
     from models import presets
 
     parser = argparse.ArgumentParser(
@@ -479,7 +480,7 @@ def main(argv=None) -> int:
     if argv and argv[0] == "params":
         argv = argv[1:]
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2), already printed
         return int(exit_.code or 0)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PRETRAIN_CONFIG = "configs/continue_pretraining.yaml"
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """adapt's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipeline adapt", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1].split("\n\nWhy")[0])
@@ -52,7 +53,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pretrain", action="append", default=[], metavar="key=value",
                         help="an override of the pretraining config (repeat it)")
     parser.add_argument("--force", action="store_true", help="re-run stages even if up to date")
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show everything on the console, as `python -m pipeline -v`")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     args = parser.parse_intermixed_args(argv[1:])
 
     from pipeline import artifacts, logs

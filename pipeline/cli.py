@@ -97,27 +97,15 @@ def _take_run_root(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv=None) -> int:
-    """`python -m pipeline ...` and the `bert-pipeline` command (the same subcommands)."""
-    argv = _take_run_root(list(sys.argv[1:] if argv is None else argv))
-    verbose = any(a in ("-v", "--verbose") for a in argv)
-    argv = [a for a in argv if a not in ("-v", "--verbose")]
-    if not verbose:  # TensorFlow's start-up lines (oneDNN, CUDA probing) stay off the console
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if argv and argv[0] in TOOLS:
-        target = TOOLS[argv[0]]
-        # the cycle and the commands under pipeline/tools take -v themselves
-        if verbose and target.startswith(("pipeline.cycle:", "pipeline.adapt:",
-                                          "pipeline.tools.")):
-            argv = [*argv, "--verbose"]
-        return _call(target, argv)
-    command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
+    """The stages' parser (`python -m pipeline STAGE ...`; docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
-        prog="bert-pipeline" if command == "bert-pipeline" else "python -m pipeline",
+        prog=prog,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("stages", nargs="+", metavar="STAGE",
-                        help=f"one or more of: {', '.join(STAGES)}, all; then key=value overrides")
+                        help=f"one or more of: {', '.join(STAGES)}, all (those four), "
+                             f"{', '.join(EXTRA_STAGES)}; then key=value overrides")
     parser.add_argument("--config", default="configs/pretrain_tiny.yaml",
                         help="YAML config file, or a shipped config's name (pretrain_tiny, "
                              "finetune_brown, ...)")
@@ -137,6 +125,25 @@ def main(argv=None) -> int:
     parser.add_argument("--scheduled", action="store_true",
                         help=f"for schedulers: exit {EXIT_NOTHING_TO_DO} when every stage was "
                              f"up to date")
+    return parser
+
+
+def main(argv=None) -> int:
+    """`python -m pipeline ...` and the `bert-pipeline` command (the same subcommands)."""
+    argv = _take_run_root(list(sys.argv[1:] if argv is None else argv))
+    verbose = any(a in ("-v", "--verbose") for a in argv)
+    argv = [a for a in argv if a not in ("-v", "--verbose")]
+    if not verbose:  # TensorFlow's start-up lines (oneDNN, CUDA probing) stay off the console
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if argv and argv[0] in TOOLS:
+        target = TOOLS[argv[0]]
+        # the cycle and the commands under pipeline/tools take -v themselves
+        if verbose and target.startswith(("pipeline.cycle:", "pipeline.adapt:",
+                                          "pipeline.tools.")):
+            argv = [*argv, "--verbose"]
+        return _call(target, argv)
+    command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    parser = build_parser("bert-pipeline" if command == "bert-pipeline" else "python -m pipeline")
     args = parser.parse_intermixed_args(argv)
     overrides = [s for s in args.stages if "=" in s]
     names = [s for s in args.stages if "=" not in s]

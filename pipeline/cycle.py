@@ -50,13 +50,18 @@ STEPS = ("all", "pretrain", "finetune", "evaluate", "promote")
 log = logging.getLogger(__name__)
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The cycle's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="bert-pipeline cycle", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1].split("\n\nWhy")[0])
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    parser.add_argument("--config", default="configs/nightly.yaml")
-    parser.add_argument("--step", choices=STEPS, default="all")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="overrides of the config (section.key=value)")
+    parser.add_argument("--config", default="configs/nightly.yaml",
+                        help="the cycle's config (its cycle section: incoming text, tasks)")
+    parser.add_argument("--step", choices=STEPS, default="all",
+                        help="one step of the cycle under way (schedulers such as Airflow run "
+                             "them as separate tasks); all: every step")
     parser.add_argument("--task", default="", help="finetune step: this task only")
     parser.add_argument("--force", action="store_true",
                         help="do the steps of the cycle under way again, even if done")
@@ -64,6 +69,11 @@ def main(argv: list[str]) -> int:
                         help="show everything on the console: each step's lines, Beam's worker "
                              "logging, TensorFlow's start-up messages, every library's INFO "
                              "lines (otherwise only in the step's log, <cycle>/logs/steps/)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv[1:] if argv and argv[0] == "cycle" else argv)
     if not args.verbose:  # as the CLI: TensorFlow's start-up lines stay off the console
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -63,7 +63,8 @@ def _export(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The converter's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="python -m models.convert",
         description="Import Google / Hugging Face BERT checkpoints into this project's "
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
                        ("import-google", "a Google BERT directory (bert_config.json, "
                                          "bert_model.ckpt.*, vocab.txt)")):
         p = sub.add_parser(name, help=f"import {what}")
-        p.add_argument("directory")
+        p.add_argument("directory", help="the checkpoint's directory")
         p.add_argument("--out", required=True, help="the .keras file to write")
         p.add_argument("--vocab-out", default="",
                        help="where to write vocab.txt (default: beside --out)")
@@ -85,8 +86,15 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", required=True, help="the vocab.txt the model was trained with")
     p.add_argument("--out", required=True, help="the directory to write")
     casing = p.add_mutually_exclusive_group()
-    casing.add_argument("--cased", dest="casing", action="store_const", const="cased")
-    casing.add_argument("--uncased", dest="casing", action="store_const", const="uncased")
+    casing.add_argument("--cased", dest="casing", action="store_const", const="cased",
+                        help="the vocabulary is cased (default: guessed from its tokens)")
+    casing.add_argument("--uncased", dest="casing", action="store_const", const="uncased",
+                        help="the vocabulary is lowercased (default: guessed from its tokens)")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -70,17 +70,16 @@ def _write(path: str, text: str) -> None:
     write_text_atomic(Path(path), text)
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "config":
-        argv = argv[1:]
+def build_parser() -> argparse.ArgumentParser:
+    """`config show | docs`'s parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="bert-pipeline config", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1])
     commands = parser.add_subparsers(dest="command", metavar="show|docs")
     show = commands.add_parser("show", help="the effective config (or --defaults) as YAML")
-    show.add_argument("overrides", nargs="*", metavar="section.key=value")
+    show.add_argument("overrides", nargs="*", metavar="section.key=value",
+                      help="overrides, as on a pipeline command line")
     show.add_argument("--config", default=None,
                       help="YAML config file, or a shipped config's name (default: none, "
                            "the defaults with the overrides)")
@@ -88,6 +87,14 @@ def main(argv=None) -> int:
     docs = commands.add_parser("docs", help="the Markdown reference of every key")
     docs.add_argument("--output", metavar="PATH",
                       help="write it there (replaced whole) instead of printing it")
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "config":
+        argv = argv[1:]
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "docs":
         page = reference.markdown()

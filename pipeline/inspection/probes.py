@@ -72,7 +72,7 @@ class LoadedModel:
         if self.keras_model is None:
             raise InspectError(
                 f"{command} needs the .keras model: the SavedModel {self.path} only returns the MLM "
-                f"and NSP logits; pass --model <run_dir>/pretrain/model.keras (or --run_dir)")
+                f"and NSP logits; pass --model <run_dir>/pretrain/model.keras (or --run-dir)")
         return _encoder_of(self.keras_model)
 
 
@@ -98,7 +98,7 @@ def as_model(model) -> LoadedModel:
 def _require_model(path: Path) -> Path:
     if not path.exists():
         raise InspectError(f"model {path} not found; pass --model PATH to a .keras file or a "
-                           f"SavedModel directory, or --run_dir of a trained run")
+                           f"SavedModel directory, or --run-dir of a trained run")
     return path
 
 
@@ -192,7 +192,7 @@ def fill_mask(model, tokenizer: Tokenizer, text: str, top_k: int = 5,
     """
     model = as_model(model)
     if top_k < 1:
-        raise InspectError(f"--top_k must be at least 1, got {top_k}")
+        raise InspectError(f"--top-k must be at least 1, got {top_k}")
     inputs = tokenizer.encode([(text, text_b)], model.max_sequence_length)
     positions = np.flatnonzero(inputs["token_ids"][0] == tokenizer.mask_id)
     if positions.size == 0:

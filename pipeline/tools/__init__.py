@@ -6,10 +6,15 @@ progress and status lines (`logging.getLogger(__name__).info`) on stderr, so tha
 prints on stdout as its result (a table, JSON lines a user pipes on) stays clean; other
 libraries' warnings on stderr too, their INFO lines only with `verbose`. A run of the pipeline's
 stages logs through pipeline/logs.py instead (a run directory, log files per stage).
+
+`old_spelling(parser, "--top_k", action)`: the flags are kebab-case (`--top-k`, docs/cli.md); a
+flag's former underscore spelling stays accepted, parsed into the same `dest`, and is left out
+of `--help` and of docs/cli.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -70,3 +75,13 @@ def console(verbose: bool = False) -> logging.Logger:
         root.setLevel(logging.WARNING)
     _INSTALLED.extend([(ours, own), (root, others)])
     return ours
+
+
+def old_spelling(parser, flag: str, action: argparse.Action) -> None:
+    """`flag` (e.g. `--top_k`), the former spelling of `action`'s flag (`--top-k`, a flag that
+    takes a value), still accepted into the same `dest`; hidden from --help. `parser`: the
+    parser or argument group `action` was added to."""
+    assert flag.replace("_", "-") in action.option_strings, (flag, action.option_strings)
+    parser.add_argument(flag, dest=action.dest, type=action.type, choices=action.choices,
+                        nargs=action.nargs, metavar=action.metavar, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)

@@ -1,13 +1,13 @@
 """Look inside a trained BERT: fill-mask, next-sentence probability, attention maps, embeddings.
 
-    python -m pipeline fill-mask "The man went to the [MASK]." [--top_k 5] [--json]
+    python -m pipeline fill-mask "The man went to the [MASK]." [--top-k 5] [--json]
     python -m pipeline nsp "The man went to the store." "He bought a gallon of milk." [--json]
     python -m pipeline attention "The cat sat on the mat because it was tired." \\
         [--layers 0,1|all] [--heads all|0,1] [--out attention/]
     python -m pipeline embed "first text" "second text" | --input texts.txt \\
         --pooling cls|mean|tokens --out vectors.npy|vectors.parquet
 
-Every command takes the model from a run directory (`--run_dir runs/default`, the
+Every command takes the model from a run directory (`--run-dir runs/default`, the
 default: `<run_dir>/pretrain/model.keras` + `<run_dir>/vocab/vocab.txt`, casing from
 `vocab.json`) or from `--model PATH` (a `.keras` file, e.g. an imported checkpoint,
 or a SavedModel directory) with `--vocab PATH` (found beside the model when omitted;
@@ -46,7 +46,7 @@ from pipeline.inspection.probes import (
 )
 from pipeline.text.tokenizer import Tokenizer
 from pipeline.text.vocab import TextError
-from pipeline.tools import console
+from pipeline.tools import console, old_spelling
 
 
 # ---------------------------------------------------------------------------
@@ -65,11 +65,14 @@ def _parse_indices(text: str, count: int, what: str) -> list[int]:
     return indices
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of fill-mask, nsp, attention and embed (docs/cli.md is generated from it)."""
     common = argparse.ArgumentParser(add_help=False)
     source = common.add_argument_group("model and vocab")
-    source.add_argument("--run_dir", help="a run directory (default runs/default when --model is "
-                        "not given): <run_dir>/pretrain/model.keras and <run_dir>/vocab/vocab.txt")
+    run_dir = source.add_argument(
+        "--run-dir", help="a run directory (default runs/default when --model is not given): "
+                          "<run_dir>/pretrain/model.keras and <run_dir>/vocab/vocab.txt")
+    old_spelling(source, "--run_dir", run_dir)
     source.add_argument("--model", help="a .keras file or a SavedModel directory")
     source.add_argument("--vocab", help="vocab.txt (default: the run's, or beside the model)")
     source.add_argument("--cased", action="store_true",
@@ -81,14 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("fill-mask", parents=[common], help="top-k tokens for each [MASK]")
     p.add_argument("text", help='text with one or more [MASK], e.g. "The man went to the [MASK]."')
-    p.add_argument("--top_k", type=int, default=5)
+    old_spelling(p, "--top_k", p.add_argument("--top-k", type=int, default=5,
+                                              help="how many tokens for each [MASK]"))
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = commands.add_parser("nsp", parents=[common], help="probability that B follows A")
-    p.add_argument("text_a")
-    p.add_argument("text_b")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("text_a", help="sentence A")
+    p.add_argument("text_b", help="sentence B: does it follow A?")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a line")
     p = commands.add_parser("attention", parents=[common], help="attention heat maps (PNG)")
-    p.add_argument("text")
+    p.add_argument("text", help="the text (sentence A)")
     p.add_argument("text_b", nargs="?", help="optional second sentence ([CLS] A [SEP] B [SEP])")
     p.add_argument("--layers", default="all", help="'all' or e.g. 0,1")
     p.add_argument("--heads", default="all", help="'all' or e.g. 0,3 (per-head PNGs)")
@@ -96,9 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("embed", parents=[common], help="[CLS]/mean/per-token vectors")
     p.add_argument("texts", nargs="*", help="texts to embed (or --input)")
     p.add_argument("--input", help="a text file, one text per line (blank lines skipped)")
-    p.add_argument("--pooling", choices=POOLINGS, default="cls")
+    p.add_argument("--pooling", choices=POOLINGS, default="cls",
+                   help="cls: the [CLS] vector; mean: the tokens' mean; tokens: one per token")
     p.add_argument("--out", required=True, help="file.npy or file.parquet")
-    p.add_argument("--batch_size", type=int, default=32)
+    old_spelling(p, "--batch_size", p.add_argument("--batch-size", type=int, default=32,
+                                                   help="texts per forward pass"))
     p.add_argument("--truncate", action="store_true",
                    help="cut texts longer than the model takes instead of failing")
     return parser
@@ -185,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m pipeline fill-mask|nsp|attention|embed ...`; argv[0] is the command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2), already printed
         return int(exit_.code or 0)
     console(args.verbose)

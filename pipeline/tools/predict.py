@@ -22,11 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-import mlflow
-import pandas as pd
-
 from pipeline.tools import console
-from pipeline.tools.predictor import Predictor
 
 
 def _read_lines(path: str) -> list[str]:
@@ -34,10 +30,8 @@ def _read_lines(path: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "predict":
-        argv = argv[1:]
+def build_parser() -> argparse.ArgumentParser:
+    """predict's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipeline predict", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,11 +43,14 @@ def main(argv=None) -> int:
                         help="the second text of a pair, one per --text")
     parser.add_argument("--file", help="one example per line (pairs: text TAB text_pair; QA: "
                                        "JSON lines with question and context); - for stdin")
-    parser.add_argument("--question", action="append", default=[])
-    parser.add_argument("--context", action="append", default=[])
+    parser.add_argument("--question", action="append", default=[],
+                        help="question answering: a question (repeatable), one per --context")
+    parser.add_argument("--context", action="append", default=[],
+                        help="question answering: the text its --question is answered from")
     parser.add_argument("--documents", help="semantic search: a file with one document per line")
     parser.add_argument("--query", action="append", default=[], help="semantic search query")
-    parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--top-k", type=int, default=5,
+                        help="semantic search: documents listed per query")
     parser.add_argument("--passages", action="store_true",
                         help="search: index long documents as passages (document score = best "
                              "passage; pipeline/serving/search.py)")
@@ -65,6 +62,14 @@ def main(argv=None) -> int:
                         help="for models:/ URIs (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="every library's INFO lines too (TensorFlow, MLflow) on stderr")
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "predict":
+        argv = argv[1:]
+    parser = build_parser()
     args = parser.parse_args(argv)
     console(args.verbose)
     try:
@@ -78,6 +83,8 @@ def main(argv=None) -> int:
 
 
 def _predict(args) -> list[dict]:
+    from pipeline.tools.predictor import Predictor  # (TensorFlow: not for --help, docs/cli.md)
+
     texts, pairs = list(args.text), list(args.text_pair) or None
     if args.model.startswith("models:/") or args.model.startswith("runs:/"):
         return _predict_mlflow(args, texts, pairs)
@@ -117,6 +124,8 @@ def _predict(args) -> list[dict]:
 
 
 def _predict_mlflow(args, texts, pairs) -> list[dict]:
+    import mlflow
+    import pandas as pd
 
     from pipeline import artifacts
 

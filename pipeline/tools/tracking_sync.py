@@ -5,32 +5,39 @@ again later)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
-import mlflow
-
-from pipeline import artifacts
-from pipeline import config as config_lib
 from pipeline.tools import console
-from pipeline.tracking import runs
-from pipeline.tracking.outbox import configure, flush, set_http_patience
 
 log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """tracking-sync's parser (docs/cli.md is generated from it)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline tracking-sync",
+        description="Send the MLflow calls a run kept while the tracking store was down.")
+    parser.add_argument("overrides", nargs="*", help="section.key=value (e.g. run_dir=runs/x)")
+    parser.add_argument("--config", default="configs/pretrain_tiny.yaml",
+                        help="the config of the run whose outbox is sent (its run_dir)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every library's INFO lines too (MLflow)")
+    return parser
 
 
 def main(argv: list[str]) -> int:
     """Sends what a run directory's outbox holds. Exit 0 when it is empty afterwards, 2 when
     the store still does not answer (nothing lost: run it again later)."""
-    import argparse
+    import mlflow  # (here: the parser, for --help and docs/cli.md, needs none of these)
 
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline tracking-sync",
-        description="Send the MLflow calls a run kept while the tracking store was down.")
-    parser.add_argument("overrides", nargs="*", help="section.key=value (e.g. run_dir=runs/x)")
-    parser.add_argument("--config", default="configs/pretrain_tiny.yaml")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="every library's INFO lines too (MLflow)")
+    from pipeline import artifacts
+    from pipeline import config as config_lib
+    from pipeline.tracking import runs
+    from pipeline.tracking.outbox import configure, flush, set_http_patience
+
+    parser = build_parser()
     args = parser.parse_args(argv[1:] if argv and argv[0] == "tracking-sync" else argv)
     console(args.verbose)
     try:
