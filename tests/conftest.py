@@ -73,3 +73,19 @@ def pipeline_lines():
     """A list that collects the pipeline's log lines during the test."""
     with PipelineLines() as lines:
         yield lines
+
+
+@pytest.fixture(autouse=True)
+def _run_root_as_found():
+    """A test that moves the run root (`artifacts.set_run_root`, as the fault suite's checks
+    do) leaves the next test in the same process the paths it found (the Brown tarball's)."""
+    from pipeline import artifacts
+
+    root, variable = artifacts.RUN_ROOT, os.environ.get(artifacts.RUN_ROOT_VARIABLE)
+    yield
+    if variable is None:
+        os.environ.pop(artifacts.RUN_ROOT_VARIABLE, None)
+    else:
+        os.environ[artifacts.RUN_ROOT_VARIABLE] = variable
+    if artifacts.RUN_ROOT != root:
+        artifacts._move(root)
