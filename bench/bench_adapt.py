@@ -1,4 +1,4 @@
-"""Does adapting a published checkpoint to the task's text pay? (issue 48, point 5)
+"""Does adapting a published checkpoint to the task's text pay?
 
     make bench-adapt                     # ~1 hour on 2 quiet cores (NOT yet run on this machine)
     make bench-adapt ARGS=--quick        # the flow on tiny budgets; not the goal's figures

@@ -1,4 +1,4 @@
-"""Fault suite (issue 20): kill -9 every stage at seeded random moments, run it again, and check
+"""Fault suite: kill -9 every stage at seeded random moments, run it again, and check
 that nothing partial was ever taken as complete, that the outputs equal an uninterrupted run's,
 and that the MLflow runs say what happened.
 
