@@ -138,12 +138,12 @@ def report(spec: str, curve: list, warmup, chief: bool, prefix: str) -> dict:
     """Logs (and, the chief, sends to MLflow) what adapting cost on the general text."""
     from pipeline.tracking import outbox
 
-    said = summary(curve, getattr(warmup, "unfrozen_at", None) if warmup is not None and
-                   warmup.steps else None)
+    warmed = warmup is not None and warmup.steps  # new heads trained alone first
+    said = summary(curve, warmup.unfrozen_at if warmed else None)
     if not said:
         return {}
     when = ("the end of the head warm-up: the new head on the encoder as published"
-            if warmup is not None and warmup.steps and said["before_step"] else "step 0")
+            if warmed and said["before_step"] else "step 0")
     change = ("lost" if said["forgetting"] > 0 else "gained")
     log.info(f"{prefix}: general text ({spec}): MLM accuracy {said['before']:.4f} at step "
              f"{said['before_step']} ({when}) -> {said['after']:.4f} at step "
