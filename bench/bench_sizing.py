@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_data import measure  # noqa: E402  (wall time and peak RSS of a process tree)
 
 CONFIG = "configs/pretrain_tiny.yaml"
-BATCH_POSITIONS = 4096
+BATCH_POSITIONS = 4096  # positions per training step: batch 32 at seq 128, 8 at 512
 MB = 1_000_000
 TOKENS_PER_MB = 240_000  # WordPiece tokens per MB of the demo corpus' text (8,000-piece vocab)
 
@@ -157,44 +157,16 @@ def data_part(work: Path, docs: list[str], sizes: list[int]) -> dict:
 
 
 def train_one(preset: str, seq: int, steps: int, warmup: int = 2) -> dict:
-    import keras
-    import tensorflow as tf
-
-    from pipeline import config as config_lib
-    from pipeline.training import pretrainer
+    """bench-train's measurement of our pretraining step (bench_train.bench_ours: the pretrain
+    stage's model, optimizer and compiled step on a cached synthetic batch) at `seq`."""
+    import bench_train
 
     batch = BATCH_POSITIONS // seq
-    predictions = max(1, round(0.15 * seq))
-    vocab = 30522
-    config = config_lib.load(None, [
-        f"model.preset={preset}", f"train.batch_size={batch}", f"train.steps={steps + warmup}",
-        "train.warmup_steps=1", f"data.max_seq_length={seq}",
-        f"data.max_predictions_per_seq={predictions}"])
-    keras.utils.set_random_seed(0)
-    model = pretrainer.build_model(config, vocab)
-    optimizer = pretrainer.build_optimizer(config.train)
-    pretrainer.compile_model(model, optimizer, config.train.jit_compile)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(999, vocab, (batch, seq)).astype("int32")
-    positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
-                                  for _ in range(batch)]), axis=1).astype("int32")
-    x = {"token_ids": ids, "segment_ids": (np.arange(seq)[None] >= seq // 2).repeat(batch, 0)
-         .astype("int32"), "padding_mask": np.ones_like(ids), "mask_positions": positions}
-    y = {"mlm": np.take_along_axis(ids, positions, 1), "nsp": rng.integers(0, 2, batch)
-         .astype("int32")}
-    weights = {"mlm": np.ones(positions.shape, "float32"), "nsp": np.ones(batch, "float32")}
-    dataset = (tf.data.Dataset.from_tensors((x, y, weights)).map(pretrainer.normalize_mlm_weights)
-               .cache().repeat().prefetch(2))
-    times = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch_index, logs=None):
-            times.append(time.perf_counter())
-
-    model.fit(dataset, steps_per_epoch=steps + warmup, epochs=1, verbose=0, callbacks=[Clock()])
-    seconds = (times[-1] - times[warmup - 1]) / steps
-    return {"preset": preset, "seq": seq, "batch": batch, "parameters": model.count_params(),
-            "seconds_per_step": seconds, "tokens_per_second": batch * seq / seconds}
+    bench_train.SEQ, bench_train.PREDICTIONS = seq, max(1, round(0.15 * seq))
+    result = bench_train.bench_ours(preset, bench_train.synthetic(batch), steps, warmup)
+    return {"preset": preset, "seq": seq, "batch": batch, "parameters": result["parameters"],
+            "seconds_per_step": result["seconds_per_step"],
+            "tokens_per_second": result["tokens_per_second"]}
 
 
 def train_part(work: Path, presets, seqs, steps: int, warmup: int) -> list[dict]:
