@@ -87,6 +87,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
 
     fc = config.finetune
     task = tasks.get(fc.task, fc)
+    task.keep(results["validation"])  # what validation chose for these weights (QA's threshold)
     exported = task.serving and fc.export
     info = task_info(config, data, lowercase, resolve_init(config)[0])
     with artifacts.atomic_dir(paths.dir) as tmp:
