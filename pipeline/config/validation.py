@@ -279,7 +279,7 @@ def _validate_finetune(config: Config, source: str) -> None:
                           f"{fc.validation_fraction + fc.test_fraction} leaves too little to "
                           f"train on; keep the sum below 0.9")
     if fc.long_doc_aggregation != "none":
-        if not getattr(task, "windows", False) or fc.text_pair_column:
+        if not task.windows or fc.text_pair_column:
             raise ConfigError(f"{source}: key finetune.long_doc_aggregation = "
                               f"{fc.long_doc_aggregation!r} applies to single-text "
                               f"classification only (finetune.task = {fc.task!r}"

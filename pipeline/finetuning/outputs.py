@@ -75,9 +75,9 @@ def task_info(config: Config, data: readers.TaskData, lowercase: bool, model_pat
             "glue_task": fc.glue_task, "metric": data.metric,
             **task.task_info(data),
             "init_from": str(model_path),
-            "long_doc_aggregation": getattr(fc, "long_doc_aggregation", "none"),
-            "window_stride": getattr(fc, "window_stride", 0),
-            "max_windows": getattr(fc, "max_windows", 0)}
+            "long_doc_aggregation": fc.long_doc_aggregation,
+            "window_stride": fc.window_stride,
+            "max_windows": fc.max_windows}
 
 
 def write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
