@@ -7,8 +7,9 @@ SQuAD v2.0 answers "" when the null ([CLS]) score minus the best span's score ex
 evaluation's best-F1 threshold on the validation split (squad_official.choose_null_threshold),
 chosen for the weights evaluated: every epoch's validation picks its own and returns it in its
 result, and the kept epoch's result carries it to the test split and the export (`keep`). It
-is saved in task.json and baked into the raw-text SavedModel. Metrics are evaluate-v2.0.py's (squad_official.evaluate_v2) on the
-written predictions.json and na_prob.json; v1.1 keeps evaluate-v1.1.py's exact_match / f1.
+is saved in task.json and baked into the raw-text SavedModel. Metrics are evaluate-v2.0.py's
+(squad_official.evaluate_v2) on the written predictions.json and na_prob.json; v1.1 keeps
+evaluate-v1.1.py's exact_match / f1.
 """
 
 from __future__ import annotations
