@@ -90,7 +90,7 @@ from beam_jobs.settings import (
     limit_error,
     limits,
 )
-from models.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer, read_vocab
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -187,8 +187,8 @@ class CreateInstancesFn(beam.DoFn):
         self._format, self._text_field = input_format, text_field
 
     def setup(self):
-        self._tokenizer = Tokenizer(transforms.read_vocab(self._vocab_file), self._lowercase,
-                                    cache_words=transforms.TOKEN_CACHE_WORDS)
+        self._tokenizer = Tokenizer(read_vocab(self._vocab_file, FileSystems.open),
+                                    self._lowercase, cache_words=transforms.TOKEN_CACHE_WORDS)
         self._encoders = [ExampleEncoder(p.settings.max_seq_length,
                                          p.settings.max_predictions_per_seq,
                                          self._special.vocab_size) for p in self._phases]
@@ -509,7 +509,8 @@ def check_inputs(args):
     or an --input glob that matches no file. Returns (SpecialIds, the input ranges)."""
     if not FileSystems.exists(args.vocab_file):
         raise FileNotFoundError(f"vocab file {args.vocab_file} not found (--vocab_file)")
-    special = SpecialIds.from_vocab(transforms.read_vocab(args.vocab_file), args.vocab_file)
+    special = SpecialIds.from_vocab(read_vocab(args.vocab_file, FileSystems.open),
+                                    args.vocab_file)
     ranges = reading.plan_input(args.input, int(args.read_chunk_mb * (1 << 20)))
     return special, ranges
 

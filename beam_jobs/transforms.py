@@ -15,8 +15,8 @@ import struct
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs.reading import STATS_TAG, _skipper, decode_utf8
-from models.tokenizer import Tokenizer, vocab_tokens
+from beam_jobs.reading import STATS_TAG, _skipper
+from models.tokenizer import Tokenizer, read_vocab
 
 # Tokens every pretraining vocab must have (looked up by string, never by id).
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -33,17 +33,6 @@ TOKEN_CACHE_WORDS = 100_000
 # ---------------------------------------------------------------------------
 # Plain functions (no Beam): used by the DoFns below and directly by tests.
 # ---------------------------------------------------------------------------
-def read_vocab(vocab_file: str) -> list[str]:
-    """The vocab file's tokens in id order (one per line, trailing whitespace dropped).
-
-    Works for any Beam filesystem path (gs://...).
-    """
-    with FileSystems.open(vocab_file) as handle:
-        data = handle.read()
-    text = decode_utf8(data, vocab_file)
-    return vocab_tokens(text)
-
-
 def special_token_ids(vocab: list[str], vocab_file: str = "<vocab>") -> dict[str, int]:
     """{"[PAD]": id, "[UNK]": id, ...} looked up by token string; ValueError if one is missing."""
     index = {token: i for i, token in enumerate(vocab)}
@@ -95,7 +84,7 @@ class TokenizeDocumentsFn(beam.DoFn):
         self._tokenizer = None
 
     def setup(self):
-        vocab = read_vocab(self._vocab_file)
+        vocab = read_vocab(self._vocab_file, FileSystems.open)  # any Beam path (gs://...)
         special_token_ids(vocab, self._vocab_file)
         self._tokenizer = Tokenizer(vocab, self._lowercase, cache_words=TOKEN_CACHE_WORDS)
 

@@ -270,12 +270,11 @@ def check_vocab(path: str) -> dict:
 
     Returns {token: id} for the special tokens.
     """
-    from models.tokenizer import vocab_tokens
+    from models.tokenizer import read_vocab
 
     if not FileSystems.exists(path):
         raise FileNotFoundError(f"vocab file {path} not found")
-    with FileSystems.open(path) as handle:
-        tokens = vocab_tokens(reading.decode_utf8(handle.read(), path))
+    tokens = read_vocab(path, FileSystems.open)
     ids = {token: i for i, token in enumerate(tokens)}
     missing = [t for t in REQUIRED_TOKENS if t not in ids]
     if missing:

@@ -363,15 +363,6 @@ class BertBiEncoderTrainer(keras.Model):
         return cls(**config)
 
 
-TASK_MODELS = {
-    "classification": BertClassifier,
-    "regression": BertRegressor,
-    "token_classification": BertTokenClassifier,
-    "question_answering": BertSpanExtractor,
-    "semantic_search": BertSentenceEncoder,
-}
-
-
 def freeze_backbone(backbone, strategy: str, trainable_last_n: int = 1) -> None:
     """Sets which backbone layers train.
 

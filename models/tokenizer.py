@@ -31,10 +31,11 @@ The rules are Google's (google-research/bert `tokenization.py`, `FullTokenizer`)
    "[CLS]", "[SEP]", "[MASK]", "[PAD]" and "[UNK]" written in the text, in capitals, are those
    tokens; anything else in brackets is split as usual ("[mask]" is "[", "mask", "]").
 
-A vocab.txt is read one token per line, in id order (a repeated token keeps its last id, as
-Google's `load_vocab`). The character classes come from Python's `unicodedata` (Unicode
-`UNICODE_VERSION`); the in-graph tokenizer uses the same classes and corrects its ICU library
-where ICU's case mapping or decomposition disagrees with them.
+A vocab.txt is read one token per line, in id order, trailing whitespace dropped
+(`read_vocab`, the one reader; a repeated token keeps its last id, as Google's `load_vocab`).
+The character classes come from Python's `unicodedata` (Unicode `UNICODE_VERSION`); the
+in-graph tokenizer uses the same classes and corrects its ICU library where ICU's case
+mapping or decomposition disagrees with them.
 
 Where Hugging Face's tokenizers differ from Google (tests/test_tokenizer.py lists the cases):
 they delete private-use, unassigned and surrogate characters (Google keeps them), limit words
@@ -74,6 +75,23 @@ def vocab_tokens(text: str) -> list[str]:
     """The tokens of a vocab.txt's text, in id order: one a line (\\n, \\r\\n or \\r ends it),
     trailing whitespace dropped, as keras-hub and tf-text read a vocabulary file."""
     return [line.rstrip() for line in io.StringIO(text, newline=None)]
+
+
+def read_vocab(path, open_binary=None) -> list[str]:
+    """A vocab.txt's tokens in id order (`vocab_tokens`): the one reader of a vocabulary file,
+    for the Beam jobs, the checkpoint converters and the pipeline alike, so a token means the
+    same id everywhere. `open_binary(path)` opens the file for reading bytes: a local file by
+    default; the Beam jobs pass their file systems' `open` (gs://, s3://). OSError if it
+    cannot be opened; ValueError, naming the file and the byte offset, if it is not UTF-8."""
+    opener = open_binary or (lambda name: open(name, "rb"))
+    with opener(str(path)) as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"vocab file {path}: not valid UTF-8 at byte offset {err.start} "
+                         f"({err.reason}); re-encode it as UTF-8") from None
+    return vocab_tokens(text)
 
 
 # ---------------------------------------------------------------------------

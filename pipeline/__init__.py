@@ -23,8 +23,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-# The built-in fine-tuning tasks register themselves (and, through the config layer's task
-# registry, the `finetune.task` values a config may name) when their package is imported:
-# here, so that every way in (the CLI, a stage, a test, a notebook) validates configs against
-# them. Light: the task modules import TensorFlow and Keras only inside their methods.
+# The built-in fine-tuning tasks register themselves in the config layer's task registry
+# (pipeline/config/task_registry.py: the `finetune.task` values a config may name) when their
+# package is imported: here, so that every way in (the CLI, a stage, a test, a notebook)
+# validates configs against them. Light: the task modules import TensorFlow and Keras only inside their methods.
 import pipeline.finetuning.tasks  # noqa: F401

@@ -5,7 +5,8 @@
     >>> [s.name for s in STAGES.values() if s.in_all]
     ['corpus', 'vocab', 'data', 'pretrain']
 
-A stage is a module `pipeline.stages.<name>` with `run(config, log) -> dict`; it only
+A stage is a module `pipeline.stages.<name>` with `run(config: Config, **options) -> dict`
+(the CLI passes the validated config and the stage's own options, e.g. glue's `tasks`); it only
 orchestrates (reads top to bottom, calls the libraries in pipeline/training, finetuning,
 serving, text, tracking) and imports no other stage (checked by import-linter, see
 pyproject.toml). Its code hash covers every project module it imports, found from its real

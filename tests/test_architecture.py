@@ -191,3 +191,106 @@ def test_the_role_check_catches_what_it_claims(tmp_path, monkeypatch):
     assert "pkg/utils.py: a name that holds no role" in reported
     assert "pkg/long.py: 901 lines" in reported
     assert "fine.py" not in reported
+
+
+# No shadow defaults: a config key's default lives in its declaration (pipeline/config/
+# sections.py) only. `getattr(fc, "window_stride", 0)` re-states one, and can disagree with it
+# (the declaration said 64); code reads `fc.window_stride`. Config-like objects: a name or
+# attribute containing config / cfg / section, a section reached from one (`config.finetune`),
+# and any name that code in pipeline/ binds to one (`fc = config.finetune`, `dc, tc =
+# config.data, config.train`, `self.fc = fc`, a parameter annotated `FinetuneConfig`).
+CONFIG_WORDS = ("config", "cfg", "section")
+
+
+def _last_name(node) -> str:
+    return node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _config_like(node, sections: set, aliases: set) -> bool:
+    name = _last_name(node)
+    if not name:
+        return False
+    if any(word in name.lower() for word in CONFIG_WORDS) or name in aliases:
+        return True
+    return (isinstance(node, ast.Attribute) and name in sections
+            and _config_like(node.value, sections, aliases))
+
+
+def _bindings(tree):
+    """(target, value) of every assignment, tuples paired element by element."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                        and len(target.elts) == len(node.value.elts):
+                    yield from zip(target.elts, node.value.elts)
+                else:
+                    yield target, node.value
+
+
+def shadow_defaults(sources: dict[str, str], sections: set) -> list[str]:
+    """Every `getattr(<config-like>, "<literal key>", <default>)` in `sources` (name -> code)."""
+    trees = {name: ast.parse(code) for name, code in sources.items()}
+    aliases: set = set()
+    for tree in trees.values():  # parameters annotated with a config section's class
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and node.annotation is not None and \
+                    ast.unparse(node.annotation).split(".")[-1].endswith("Config"):
+                aliases.add(node.arg)
+    while True:  # names bound to a config-like value, until no new one appears
+        found = {_last_name(target) for tree in trees.values()
+                 for target, value in _bindings(tree)
+                 if _config_like(value, sections, aliases)} - aliases - {""}
+        if not found:
+            break
+        aliases |= found
+    problems = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id == "getattr" and len(node.args) == 3 and \
+                    isinstance(node.args[1], ast.Constant) and \
+                    isinstance(node.args[1].value, str) and \
+                    _config_like(node.args[0], sections, aliases):
+                problems.append(f"{name}:{node.lineno}: {ast.unparse(node)}: the declaration "
+                                f"owns the default; read {ast.unparse(node.args[0])}."
+                                f"{node.args[1].value}")
+    return problems
+
+
+def _pipeline_sources() -> dict[str, str]:
+    return {path.relative_to(PROJECT).as_posix(): path.read_text(encoding="utf-8")
+            for path in sorted((PROJECT / "pipeline").rglob("*.py"))}
+
+
+def _sections() -> set:
+    import dataclasses
+
+    from pipeline.config import Config
+
+    return {f.name for f in dataclasses.fields(Config)}
+
+
+def test_no_shadow_defaults_of_config_keys():
+    problems = shadow_defaults(_pipeline_sources(), _sections())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_shadow_default_check_catches_what_it_claims():
+    """It fails on each way a config is reached, and passes what is not a config."""
+    bad = {"a.py": 'def f(config):\n    return getattr(config.finetune, "window_stride", 0)\n',
+           "b.py": 'def g(config):\n    fc = config.finetune\n    return getattr(fc, "x", 1)\n',
+           "c.py": 'def h(config):\n    dc, tc = config.data, config.train\n'
+                   '    return getattr(tc, "seed", 0)\n',
+           "d.py": 'class T:\n    def __init__(self, fc):\n        self.fc = fc\n'
+                   '    def w(self):\n        return getattr(self.fc, "windows", 0)\n',
+           "e.py": 'def k(section: "TrainConfig", cfg):\n'
+                   '    return getattr(section, "a", 1), getattr(cfg, "b", 2)\n'}
+    ok = {"f.py": 'def m(model, err, config):\n    getattr(model, "backbone", model)\n'
+                  '    getattr(err, "error_code", "")\n    getattr(config, "a")\n'
+                  '    return getattr(config.finetune, key, 0)\n'}
+    sections = {"finetune", "data", "train", "model"}
+    found = shadow_defaults({**bad, **ok}, sections)
+    assert [line.split(":")[0] for line in found] == \
+        ["a.py", "b.py", "c.py", "d.py", "e.py", "e.py"], found

@@ -34,6 +34,7 @@ from beam_jobs import (
     transforms,
 )
 from beam_jobs import pretraining_data as pd
+from models.tokenizer import read_vocab
 from pipeline.training import inputs
 from tests.test_instances import MAX_PRED, MAX_SEQ, special_ids  # noqa: E402
 
@@ -211,7 +212,7 @@ def test_tokenizer_cache_gives_the_ids_of_whole_lines(tmp_path):
     """Word-by-word with a cache (even a full one) = the contract's rules on whole lines."""
     from models.tokenizer import Tokenizer, basic_words, wordpiece
 
-    vocab = transforms.read_vocab(write_vocab(tmp_path / "v.txt"))
+    vocab = read_vocab(write_vocab(tmp_path / "v.txt"))
     lines = ["The quick brown fox, jumping over rivers!", "Café\u3000au\xa0lait .",
              "ab\x1ccd\u200b ef\tgh", "中文 text", "x" * 250 + " dog", "[MASK] it's", "", "  ",
              "ΑΣ.Α ΑΣ", "a\x0bb\x85c\u2028d"]
@@ -233,7 +234,7 @@ def test_tokenizer_cache_gives_the_ids_of_whole_lines(tmp_path):
 
 def test_read_and_tokenize_transforms(tmp_path):
     vocab_file = write_vocab(tmp_path / "vocab.txt")
-    vocab = transforms.read_vocab(vocab_file)
+    vocab = read_vocab(vocab_file)
     ids = {token: i for i, token in enumerate(vocab)}
     path_a, path_b = tmp_path / "a.txt", tmp_path / "b.txt"
     path_a.write_text("The dog .\nA fox\n\n\n\nCafé ?\n", encoding="utf-8")
@@ -275,14 +276,14 @@ def test_example_encoder_is_byte_identical_to_schema_serialize():
 
 
 def test_vocab_checks(tmp_path):
-    vocab = transforms.read_vocab(write_vocab(tmp_path / "v.txt"))
+    vocab = read_vocab(write_vocab(tmp_path / "v.txt"))
     special = instances.SpecialIds.from_vocab(vocab)
     assert (special.pad, special.unk, special.cls, special.sep, special.mask) == (0, 6, 7, 8, 9)
     assert vocab.index("##ing") in special.continuation and vocab.index("jump") not in \
         special.continuation
     bad = write_vocab(tmp_path / "no_mask.txt", drop=("[MASK]",))
     with pytest.raises(ValueError, match=r"no_mask\.txt has no \[MASK\] token"):
-        instances.SpecialIds.from_vocab(transforms.read_vocab(bad), bad)
+        instances.SpecialIds.from_vocab(read_vocab(bad), bad)
 
 
 # ---------------------------------------------------------------------------
@@ -369,7 +370,7 @@ def test_phases_sop_whole_word_and_dynamic_masking(corpus, tmp_path):
     stats = pd.run(job_args(corpus, tmp_path, *RUNNER, "--phases", "32:5,64:10",
                             "--objective", "sop", "--whole_word_masking", "true"))
     assert [s["settings"]["max_seq_length"] for s in stats["phases"]] == [32, 64]
-    vocab = transforms.read_vocab(corpus["vocab_file"])
+    vocab = read_vocab(corpus["vocab_file"])
     special = instances.SpecialIds.from_vocab(vocab)
     for i, (seq, pred) in enumerate(((32, 5), (64, 10))):
         folder = tmp_path / f"phase{i + 1}"

@@ -22,7 +22,6 @@ from pipeline.config import FinetuneConfig
 from pipeline.finetuning import readers, tasks
 from pipeline.finetuning import squad_official as official
 from pipeline.finetuning import train as finetuning
-from pipeline.finetuning.tasks import question_answering as qa_task
 from tests import test_finetune
 from tests.test_finetune import ANIMALS, PLACES, make_config, quiet, sentence
 
@@ -264,6 +263,10 @@ def test_threshold_chosen_on_validation_is_used_on_test(encoder_files):
     assert min(diffs.values()) <= t < max(diffs.values()) and t in diffs.values()
     assert 0 < sum(bool(a) for a in official.answers_at(spans, diffs, t).values()) < len(spans)
 
+    # The test split takes the threshold of the kept epoch's validation result, nothing else.
+    with pytest.raises(ValueError, match="no validation result with a chosen threshold"):
+        task.evaluate(model, splits["test"], data)
+    task.keep(val)
     result, prediction = task.evaluate(model, splits["test"], data)
     assert result["null_score_threshold"] == t
     assert prediction["null_score_threshold_source"] == "validation"
@@ -275,14 +278,12 @@ def test_threshold_chosen_on_validation_is_used_on_test(encoder_files):
     # task.json's auto placeholder, resolved for these weights at export.
     info = task.task_info(data)
     assert info["null_score_threshold"] is None
-    assert task.search_settings(model, info)["null_score_threshold"] == t
+    assert task.search_settings(info)["null_score_threshold"] == t
 
-    # Other weights have no threshold of their own until their validation is evaluated.
-    other = _task_model(encoder_files, "BertSpanExtractor", seed=4)
-    with pytest.raises(ValueError, match="no threshold was chosen on the validation split"):
-        task.evaluate(other, splits["test"], data)
-    with pytest.raises(ValueError, match="none was chosen on the validation split"):
-        task.search_settings(other, info)
+    # A task told no kept result has no threshold to export with.
+    fresh = tasks.get("question_answering", fc)
+    with pytest.raises(ValueError, match="no validation result with a chosen threshold"):
+        fresh.search_settings(info)
     # A number overrides it.
     fixed = tasks.get("question_answering", dataclasses.replace(fc, null_score_threshold="1e6"))
     result, prediction = fixed.evaluate(model, splits["test"], data)
@@ -410,16 +411,16 @@ def test_squad_v2_fine_tune_saves_and_serves_the_validation_threshold(tmp_path, 
     flipped = export.run_qa_model(module.serve, [questions[qids[i]]], [contexts[qids[i]]])[0]
     assert (flipped["answer"] == "") != (row["answer"] == "")
 
-    # A new process (a resumed run) with the kept weights and no validation pass yet: the
-    # test split's evaluation chooses the threshold on the validation records beside its own.
+    # A new process with the kept weights: told the kept epoch's validation result, its
+    # evaluation of the test records answers as the run's did.
     from pipeline.finetuning import data as finetune_data
     from pipeline.finetuning import records
 
-    qa_task._CHOSEN.clear()
     data = finetune_data.load_task(config.finetune)
     task = tasks.get("question_answering", config.finetune)
     [features] = (Path(config.run_dir) / "finetune_features").iterdir()
     split = records.open_splits(features, task, {"test": data.test})["test"]
+    task.keep(results["validation"])
     again, _ = task.evaluate(model, split, data)  # the reloaded model: float32 round-off
     assert again["null_score_threshold"] == pytest.approx(t, abs=1e-5)
     assert again == pytest.approx(results["test"], abs=1e-5)

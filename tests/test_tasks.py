@@ -13,10 +13,9 @@ import pytest
 
 from pipeline import artifacts
 from pipeline import config as config_lib
-from pipeline.config import validation
+from pipeline.config import task_registry
 from pipeline.finetuning import tasks
 from pipeline.finetuning import train as finetuning
-from pipeline.finetuning.tasks import base
 from pipeline.finetuning.tasks.classification import Classification
 from pipeline.tools import predictor
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, make_config, sentence  # noqa: F401
@@ -93,8 +92,7 @@ def toy_task():
             return examples
 
     yield FirstWordTopic
-    base._REGISTRY.pop("first_word_topic")
-    validation.TASKS.pop("first_word_topic")
+    task_registry.remove("first_word_topic")
 
 
 def test_a_new_task_is_one_class(tmp_path, encoder_files, toy_task):

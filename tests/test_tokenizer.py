@@ -21,6 +21,7 @@ and every string without one must agree):
 from __future__ import annotations
 
 import collections
+import re
 import unicodedata
 
 import pytest
@@ -275,6 +276,38 @@ def test_beam_job_tokenizes_by_the_contract(tmp_path):
                if not isinstance(item, beam.pvalue.TaggedOutput))
     assert {doc_id: sentences[0] for doc_id, sentences in out.items()} == {
         (f"doc{i}", 0): ids for i, ids in enumerate(expected) if ids}
+
+
+def test_every_vocab_reader_drops_trailing_whitespace(tmp_path):
+    """A vocab.txt whose lines end in spaces, a tab, \\r\\n or \\r means the same tokens (and so
+    the same ids) to the data job's workers, the checkpoint converters and the pipeline: all
+    of them read it with the contract's one reader."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_jobs import transforms
+    from models import convert
+    from pipeline.text import vocab as vocab_lib
+
+    lines = ["[PAD]", "[UNK] ", "[CLS]", "[SEP]\t", "[MASK]", "the  ", "cat", "##s \r", "."]
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(("\n".join(lines[:6]) + "\r\n" + "\n".join(lines[6:]) + "\n").encode())
+    expected = [line.strip() for line in lines]
+    assert rules.read_vocab(path) == expected
+    assert rules.read_vocab(str(path), FileSystems.open) == expected  # the Beam jobs' way
+    assert convert.read_vocab(path) == expected  # the converters'
+    assert vocab_lib.read_vocab(path) == expected  # the pipeline's (checks the special tokens)
+    fn = transforms.TokenizeDocumentsFn(str(path), True)  # a data job worker, set up
+    fn.setup()
+    out = [item for item in fn.process([(("d", 0), ["The cats."])])
+           if not isinstance(item, beam.pvalue.TaggedOutput)]
+    assert out == [(("d", 0), [[5, 6, 7, 8]])]
+    path.write_bytes(b"[PAD]\n\xe9t\xe9\n")  # Latin-1, not UTF-8: one message naming the file
+    with pytest.raises(ValueError, match=re.escape(f"vocab file {path}: not valid UTF-8 at "
+                                                   f"byte offset 6")):
+        rules.read_vocab(path)
+    with pytest.raises(vocab_lib.TextError, match="not valid UTF-8"):
+        vocab_lib.read_vocab(path)
 
 
 def test_ascii_patterns_are_the_full_rules_on_ascii():

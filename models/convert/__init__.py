@@ -82,7 +82,6 @@ from models.convert.common import (  # re-exported: the package's API
     guess_lowercase,
     keras_weights,
     layer_paths,
-    read_vocab,
     require_bert,
     split_heads_bias,
     split_heads_kernel,
@@ -90,6 +89,7 @@ from models.convert.common import (  # re-exported: the package's API
     tokenizer_from_vocab,
     write_vocab,
 )
+from models.tokenizer import read_vocab  # the one vocab reader (also convert.read_vocab)
 
 
 def import_google(path, **kwargs) -> Imported:

@@ -232,12 +232,6 @@ def keras_weights(model) -> dict:
 # ---------------------------------------------------------------------------
 # Vocabulary and tokenizer.
 # ---------------------------------------------------------------------------
-def read_vocab(path) -> list:
-    """The tokens of a vocab.txt, one per line, in id order."""
-    with open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\n").rstrip("\r") for line in handle]
-
-
 def guess_lowercase(tokens) -> bool:
     """True if no ordinary token has an uppercase letter (an uncased vocabulary)."""
     for token in tokens:
@@ -262,10 +256,9 @@ def tokenizer_from_vocab(vocab_path, lowercase: bool, special_tokens_in_strings:
         >>> tokenizer(["Héllo world"])  # doctest: +SKIP
     """
     from models.preprocessor import TokenizerLayer
-    from models.tokenizer import vocab_tokens
+    from models.tokenizer import read_vocab
 
-    vocab = vocab_tokens(Path(vocab_path).read_text(encoding="utf-8"))
-    return TokenizerLayer(vocab, lowercase=lowercase, sequence_length=sequence_length,
+    return TokenizerLayer(read_vocab(vocab_path), lowercase=lowercase, sequence_length=sequence_length,
                           special_tokens_in_strings=special_tokens_in_strings)
 
 

@@ -98,11 +98,11 @@ def _full(architecture: dict) -> dict:
 
 
 def _vocab_rows(vocab_file: Path) -> list:
-    from models.convert.common import read_vocab
+    from models.tokenizer import read_vocab
 
     try:
         return read_vocab(vocab_file)
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, ValueError) as err:
         raise ConversionError(f"{vocab_file}: not a readable vocab file ({err}); download it "
                               f"again") from err
 

@@ -53,11 +53,11 @@ from models.convert.common import (
     check_vocab_tokens,
     guess_lowercase,
     layer_paths,
-    read_vocab,
     split_heads_bias,
     split_heads_kernel,
     split_heads_output_kernel,
 )
+from models.tokenizer import read_vocab
 
 CONFIG_FILE = "bert_config.json"
 CHECKPOINT_PREFIX = "bert_model.ckpt"

@@ -62,7 +62,6 @@ from models.convert.common import (
     guess_lowercase,
     keras_weights,
     layer_paths,
-    read_vocab,
     require_bert,
     safetensors_header,
     split_heads_bias,
@@ -70,6 +69,7 @@ from models.convert.common import (
     split_heads_output_kernel,
     write_vocab,
 )
+from models.tokenizer import read_vocab
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -8,6 +8,7 @@
     keys.py        reading the declaration: every key with its type, default, allowed values
                    or range and help (`declared`)
     allowed.py     CHOICES and RANGES, read from the declaration
+    task_registry.py  finetune.task name -> task class (filled by pipeline/finetuning/tasks/)
     validation.py  `validate` (every choice and range, one range check, the rules that compare
                    keys), the phase, multi-task, fine-tuning and cycle rules
     parse.py       a section's raw mapping -> its dataclass, values coerced to their types

@@ -29,6 +29,8 @@ from beam_jobs.settings import INPUT_FORMATS, DataSettings, VocabSettings, same_
 from beam_jobs.settings import setting as key
 from models import presets
 
+from pipeline.config import task_registry
+
 # The error and the parsing of a section's raw mapping, re-exported (pipeline/config/parse.py).
 from pipeline.config.parse import ConfigError, _build, _coerce  # noqa: F401
 
@@ -38,20 +40,9 @@ TRAIN_PHASE_KEYS = ("steps", "batch_size", "grad_accum_steps", "learning_rate", 
                     "end_learning_rate", "decay_power", "checkpoint_every")
 
 
-# The fine-tuning tasks, registered by pipeline/finetuning/tasks/ when it is imported (by
-# pipeline/__init__.py, so before any config is loaded): name -> the task class, whose
-# `datasets` and `check_config` the finetune section is checked against (validation.py).
-TASKS: dict = {}
-
-
-def register_task(name: str, task_class) -> None:
-    TASKS[name] = task_class
-
-
 def _registered_tasks() -> str:
     """finetune.task's values, for the docs: the built-in tasks (pipeline/finetuning/tasks/)."""
-    return " | ".join(name for name, cls in TASKS.items()
-                      if cls.__module__.startswith("pipeline.finetuning.tasks."))
+    return " | ".join(task_registry.builtin_names())
 
 
 @dataclass

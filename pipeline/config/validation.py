@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models import presets
+from pipeline.config import task_registry
 from pipeline.config.allowed import CHOICES, RANGES
-from pipeline.config.sections import (  # noqa: F401 - TASKS, register_task: re-exported
+from pipeline.config.sections import (
     GLUE_TASK_NAMES,
-    TASKS,
     TRAIN_PHASE_KEYS,
     Config,
     ConfigError,
@@ -25,7 +25,6 @@ from pipeline.config.sections import (  # noqa: F401 - TASKS, register_task: re-
     _coerce,
     get,
     model_architecture,
-    register_task,
     to_dict,
 )
 
@@ -219,12 +218,14 @@ def _init_from_problem(path: Path) -> str:
 
 
 def _task_class(fc, source: str):
-    if fc.task not in TASKS:
-        hint = (", ".join(TASKS) if TASKS else
+    """The task class `finetune.task` names, asked of the task registry now."""
+    task = task_registry.lookup(fc.task)
+    if task is None:
+        hint = (", ".join(task_registry.names()) or
                 "none is registered: import pipeline.finetuning.tasks before loading a config")
         raise ConfigError(f"{source}: key finetune.task = {fc.task!r} is not allowed; "
                           f"choose one of: {hint}")
-    return TASKS[fc.task]
+    return task
 
 
 def null_score_threshold(value) -> float | None:
@@ -278,7 +279,7 @@ def _validate_finetune(config: Config, source: str) -> None:
                           f"{fc.validation_fraction + fc.test_fraction} leaves too little to "
                           f"train on; keep the sum below 0.9")
     if fc.long_doc_aggregation != "none":
-        if not getattr(task, "windows", False) or fc.text_pair_column:
+        if not task.windows or fc.text_pair_column:
             raise ConfigError(f"{source}: key finetune.long_doc_aggregation = "
                               f"{fc.long_doc_aggregation!r} applies to single-text "
                               f"classification only (finetune.task = {fc.task!r}"
@@ -389,8 +390,9 @@ def multitask_tasks(config: Config, source: str = "<config>") -> list[MultitaskT
                **{k: v for k, v in entry.items() if k not in MULTITASK_OWN_KEYS}}
         fc = _build(FinetuneConfig, raw, f"{where}.", source)
         fc = dataclasses.replace(fc, name=name)
-        allowed = [name for name, cls in TASKS.items() if cls.multitask]
-        if not getattr(_task_class(fc, source), "multitask", False):
+        allowed = [name for name in task_registry.names()
+                   if task_registry.lookup(name).multitask]
+        if not _task_class(fc, source).multitask:
             raise ConfigError(f"{source}: key {where}.task = {fc.task!r} is not allowed in "
                               f"multi-task training; choose one of: {', '.join(allowed)}")
         task_config = dataclasses.replace(config, finetune=fc)

@@ -75,9 +75,9 @@ def task_info(config: Config, data: readers.TaskData, lowercase: bool, model_pat
             "glue_task": fc.glue_task, "metric": data.metric,
             **task.task_info(data),
             "init_from": str(model_path),
-            "long_doc_aggregation": getattr(fc, "long_doc_aggregation", "none"),
-            "window_stride": getattr(fc, "window_stride", 0),
-            "max_windows": getattr(fc, "max_windows", 0)}
+            "long_doc_aggregation": fc.long_doc_aggregation,
+            "window_stride": fc.window_stride,
+            "max_windows": fc.max_windows}
 
 
 def write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
@@ -87,6 +87,7 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
 
     fc = config.finetune
     task = tasks.get(fc.task, fc)
+    task.keep(results["validation"])  # what validation chose for these weights (QA's threshold)
     exported = task.serving and fc.export
     info = task_info(config, data, lowercase, resolve_init(config)[0])
     with artifacts.atomic_dir(paths.dir) as tmp:

@@ -57,7 +57,7 @@ CPU_JIT_AUTO = False
 
 
 def accumulation(fc) -> int:
-    return int(getattr(fc, "grad_accum_steps", 1) or 1)
+    return fc.grad_accum_steps
 
 
 def updates_per_epoch(n_train: int, fc) -> int:
@@ -111,10 +111,10 @@ def build_optimizer(fc, total_steps: int, knobs: bool = True) -> keras.optimizer
                                      micro_steps_per_update=accum)
     optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=fc.weight_decay,
                                        beta_1=0.9, beta_2=0.999, epsilon=1e-6,
-                                       global_clipnorm=getattr(fc, "clipnorm", 0.0) or None,
+                                       global_clipnorm=fc.clipnorm or None,
                                        gradient_accumulation_steps=accum if accum > 1 else None)
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
-    if knobs and getattr(fc, "precision", "float32") == "mixed_float16":
+    if knobs and fc.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
 
@@ -155,7 +155,7 @@ def compile_options(fc, strategy=None) -> dict:
 
     strategy = strategy or tf.distribute.get_strategy()
     return {"jit_compile": resolve_jit_compile(fc, strategy),
-            "steps_per_execution": int(getattr(fc, "steps_per_execution", 1) or 1)}
+            "steps_per_execution": fc.steps_per_execution}
 
 
 def describe(fc, model) -> str:

@@ -182,7 +182,8 @@ def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: 
                      epochs: int, to_mlflow: bool = True, checkpoints=None,
                      label: str = "finetune", max_seconds: float = 0.0) -> EpochEvaluator:
     """`model.fit` for `epochs` (at most `total_steps` updates), the validation metric after
-    every epoch; the best epoch's weights are put back. Returns the evaluator (history, best).
+    every epoch; the best epoch's weights are put back and its validation result given to
+    `task.keep`. Returns the evaluator (history, best).
     With `checkpoints` (runtime.Checkpoints): resumes from the latest, writes them. `label`
     begins each progress line. `max_seconds` (0: none): training stops once that many seconds
     have passed since it began (the per-epoch validation included; a resumed run counts from
@@ -213,6 +214,8 @@ def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: 
         model.set_weights(evaluator.best_weights)
         log.info(f"{label}: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
                  f"{evaluator.best:.4f})")
+    if evaluator.best_result is not None:  # what validation chose for the kept weights
+        task.keep(evaluator.best_result)
     return evaluator
 
 

@@ -109,7 +109,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
 
         import models
         from models.preprocessor import TextPreprocessor
-        from models.tokenizer import vocab_tokens
+        from models.tokenizer import read_vocab
 
         vocab_file = Path(context.artifacts["vocab"])
         meta = context.artifacts.get("vocab_meta")
@@ -119,7 +119,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
             warnings.filterwarnings("ignore", message=".*Skipping variable loading.*")
             model = models.load_keras(context.artifacts["model_keras"], compile=False)
         self.backbone = getattr(model, "backbone", model)
-        self.pre = TextPreprocessor(vocab_tokens(vocab_file.read_text(encoding="utf-8")),
+        self.pre = TextPreprocessor(read_vocab(vocab_file),
                                     lowercase, int(self.backbone.max_sequence_length))
 
     def predict(self, context, model_input: "pd.DataFrame",

@@ -1,1 +1,3 @@
-"""The stages: one module each, `run(config, log) -> dict`; what each is: pipeline/stage_spec.py."""
+"""The stages: one module each, with `run(config: Config, **options) -> dict` (the CLI passes
+the validated config and the stage's own command-line options, e.g. glue's `tasks`); what each
+is: pipeline/stage_spec.py."""

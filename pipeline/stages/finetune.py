@@ -10,13 +10,9 @@ Output: <run_dir>/finetune/<name>/ (pipeline/artifacts.py FinetuneArtifacts).
 
 from __future__ import annotations
 
-import logging
-
 from pipeline.config import Config
 from pipeline.finetuning import recipe
 from pipeline.finetuning.train import fine_tune
-
-log = logging.getLogger(__name__)
 
 
 def run(config: Config) -> dict:

@@ -14,7 +14,3 @@ from pipeline.finetuning.sweep import sweep
 def run(config: Config) -> dict:
     """Runs every point of `finetune.sweep`; returns {"points": [...], "best": ..., "metric"}."""
     return sweep(config)
-
-import logging
-
-log = logging.getLogger(__name__)

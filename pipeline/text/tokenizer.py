@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from models.tokenizer import vocab_tokens
+from models.tokenizer import read_vocab
 
 from pipeline.text.vocab import TextError
 
@@ -50,9 +50,8 @@ class Tokenizer:
         if not path.is_file():
             raise TextError(f"vocab file {path} not found; pass --vocab PATH (the vocab.txt the "
                             f"model was trained with)")
-        text = path.read_text(encoding="utf-8")
         # Lines split as keras-hub splits a vocab file, so ids agree with the data stage's.
-        self.vocab = vocab_tokens(text)
+        self.vocab = read_vocab(path)
         self.vocab_file = path
         self.lowercase = lowercase
         index: dict[str, int] = {}

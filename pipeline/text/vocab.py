@@ -1,9 +1,11 @@
 """Reading a WordPiece vocab.txt, and the error every text input raises.
 
-`read_vocab` splits lines as keras-hub's WordPieceTokenizer does, so ids agree with the
-data stage's and the in-graph tokenizer's; `vocab_lowercase` reads the casing the vocab
-stage recorded in vocab.json beside it; `write_beside_model` puts both beside a model file,
-so that the model can be started from in any run directory.
+`read_vocab` reads one with the tokenizer contract's one reader (`models.tokenizer.
+read_vocab`: lines split as keras-hub's WordPieceTokenizer does, trailing whitespace
+dropped), so ids agree with the data stage's, the converters' and the in-graph tokenizer's,
+and says what is wrong with the file as a `TextError`; `vocab_lowercase` reads the casing the
+vocab stage recorded in vocab.json beside it; `write_beside_model` puts both beside a model
+file, so that the model can be started from in any run directory.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from models.tokenizer import vocab_tokens
+from models import tokenizer
 
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
@@ -25,12 +27,16 @@ class TextError(ValueError):
 
 
 def read_vocab(vocab_file) -> list[str]:
-    """vocab.txt → tokens in id order (lines split as keras-hub's WordPieceTokenizer does)."""
+    """vocab.txt → tokens in id order (`models.tokenizer.read_vocab`); TextError if it is
+    missing, not UTF-8 or lacks a special token."""
     path = Path(vocab_file)
     if not path.is_file():
         raise TextError(f"vocab file {path} not found; run `make vocab` (or set "
                         f"finetune.vocab_file)")
-    vocab = vocab_tokens(path.read_text(encoding="utf-8"))
+    try:
+        vocab = tokenizer.read_vocab(path)
+    except ValueError as err:
+        raise TextError(str(err)) from None
     missing = [t for t in REQUIRED_TOKENS if t not in vocab]
     if missing:
         raise TextError(f"vocab file {path} lacks {', '.join(missing)}")

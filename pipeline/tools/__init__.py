@@ -1,5 +1,7 @@
-"""Commands that are not pipeline stages: predict, retrieval-eval, and the inspection tools
-(fill-mask, nsp, attention, embed); `python -m pipeline <command>` dispatches to them.
+"""Commands that are not pipeline stages: predict, serve, server, tracking-sync,
+retrieval-eval and the inspection tools (fill-mask, nsp, attention, embed), and what the cycle
+command keeps and reports (cycle_state, cycle_report); `python -m pipeline <command>`
+dispatches to them.
 
 `console(verbose)` is the logging each command sets up (its `-v/--verbose`): the pipeline's
 progress and status lines (`logging.getLogger(__name__).info`) on stderr, so that what a command

@@ -55,10 +55,9 @@ class DynamicMasking:
     def from_vocab(cls, vocab_file: str, masked_lm_prob: float = 0.15, whole_word: bool = False,
                    seed: int = 0, max_predictions_per_seq: int = 0) -> "DynamicMasking":
         """The special ids looked up by token string in a vocab.txt (any tf.io.gfile path)."""
-        from models.tokenizer import vocab_tokens
+        from models.tokenizer import read_vocab
 
-        with tf.io.gfile.GFile(vocab_file, "r") as handle:
-            vocab = vocab_tokens(handle.read())
+        vocab = read_vocab(vocab_file, lambda name: tf.io.gfile.GFile(name, "rb"))
         ids = {token: i for i, token in enumerate(vocab)}
         missing = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]") if t not in ids]
         if missing:

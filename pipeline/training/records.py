@@ -95,14 +95,14 @@ def masking_args(config: Config, paths: Artifacts, training: bool = False) -> di
     training batches' rate and count (train.masked_lm_prob / max_predictions_per_seq when
     set); the held-out batches always use the data keys."""
     dc, tc = config.data, config.train
-    if getattr(dc, "masking", "static") != "dynamic":
+    if dc.masking != "dynamic":
         return {}
     prob, predictions = dc.masked_lm_prob, 0
     if training:  # 0 predictions: as many as the records have slots
         prob, predictions = config_lib.training_masks(config)[0], tc.max_predictions_per_seq
     return {"masking": inputs.DynamicMasking.from_vocab(
         str(paths.vocab_file), masked_lm_prob=prob,
-        whole_word=getattr(dc, "whole_word_masking", False), seed=tc.seed,
+        whole_word=dc.whole_word_masking, seed=tc.seed,
         max_predictions_per_seq=predictions)}
 
 

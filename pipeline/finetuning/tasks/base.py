@@ -6,8 +6,9 @@ A task owns everything that differs between tasks (Model Garden's Task, keras-hu
     inputs      `read_file` (a labelled file -> examples), `make_split` (examples -> features)
     model       `build_model` (encoder + head), `trainer` (what `fit` trains), `compile`
                 (losses, metrics)
-    evaluation  `evaluate` (metrics + per-example predictions), `baselines` (on the same
-                test split), `test_artifacts` (e.g. the confusion matrix)
+    evaluation  `evaluate` (metrics + per-example predictions), `keep` (the kept epoch's
+                validation result), `baselines` (on the same test split),
+                `test_artifacts` (e.g. the confusion matrix)
     outputs     `serving_module` (the raw-text SavedModel), `check_export`,
                 `prediction_row` (test_predictions.jsonl), `predict_rows` (`make predict`)
 
@@ -15,9 +16,10 @@ Stages, tools, serving and evaluation ask the registry (`get(name)`) and call th
 pipeline/finetuning/tasks/ no code compares a task name. A new task is one file here plus its
 tests: docs/adding-a-task.md shows how.
 
-Registration also tells the config layer the task exists (`pipeline.config.validation.
-register_task`): configs are validated against the registered tasks. pipeline/__init__.py
-imports this package, so they are registered before any config is loaded.
+The registry itself is `pipeline.config.task_registry` (the config layer, which validation
+asks when it checks a config and which may not import this layer): `register` adds a class
+there. pipeline/__init__.py imports this package, so the built-in tasks are registered before
+any config is loaded.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from pipeline.config import validation as config_validation
+from pipeline.config import task_registry
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask")
 
@@ -52,30 +54,25 @@ class Split:
             yield {k: v[start:start + batch_size] for k, v in rows.items()}
 
 
-_REGISTRY: dict[str, type[FinetuneTask]] = {}
-
-
 def register(cls: type[FinetuneTask]) -> type[FinetuneTask]:
-    """Class decorator: makes `cls` the task named `cls.name`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"two fine-tuning tasks are named {cls.name!r}: "
-                         f"{_REGISTRY[cls.name].__module__} and {cls.__module__}")
-    _REGISTRY[cls.name] = cls
-    config_validation.register_task(cls.name, cls)
+    """Class decorator: makes `cls` the task named `cls.name` (ValueError if another class
+    has that name)."""
+    task_registry.add(cls)
     return cls
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return task_registry.names()
 
 
 def get(name: str, fc=None) -> FinetuneTask:
     """The task named `name`, for the finetune section `fc` (may be None for what needs no
     settings, e.g. reading a model folder's task.json)."""
-    if name not in _REGISTRY:
+    task_class = task_registry.lookup(name)
+    if task_class is None:
         raise ValueError(f"finetune.task = {name!r} is not a fine-tuning task; choose one of: "
-                         f"{', '.join(_REGISTRY)}")
-    return _REGISTRY[name](fc)
+                         f"{', '.join(task_registry.names())}")
+    return task_class(fc)
 
 
 def softmax(logits) -> np.ndarray:
@@ -231,6 +228,12 @@ class FinetuneTask(abc.ABC):
     @abc.abstractmethod
     def evaluate(self, model, split: Split, data, encoder=None) -> tuple[dict, dict]:
         """(metrics, per-example predictions) of `model` on one split."""
+
+    def keep(self, validation: dict) -> None:
+        """Told the kept epoch's validation metrics (`evaluate`'s first value) before the
+        test split(s) of those weights are evaluated or they are exported: what evaluation
+        chose on the validation split travels with that result (question answering: its
+        null-score threshold). Most tasks choose nothing there."""
 
     def baselines(self, data, seed: int) -> dict:
         """{name: test metrics (+ "chosen", "validation")} of classical models on the same

@@ -38,8 +38,9 @@ class Classification(FinetuneTask):
 
     @property
     def windowed(self) -> bool:
-        """Long-document classification: every window of a text, predictions aggregated."""
-        return getattr(self.fc, "long_doc_aggregation", "none") != "none"
+        """Long-document classification: every window of a text, predictions aggregated
+        (a task built without settings, e.g. to read a model folder's task.json: no)."""
+        return self.fc is not None and self.fc.long_doc_aggregation != "none"
 
     def selection_metric(self, dataset: str) -> str:
         return "macro_f1" if dataset == "brown_genre" else self.metric

@@ -5,17 +5,16 @@ answers by BERT's n-best search over every window of a question.
 SQuAD v2.0 answers "" when the null ([CLS]) score minus the best span's score exceeds
 `finetune.null_score_threshold`. With `auto` (the default) the threshold is the official
 evaluation's best-F1 threshold on the validation split (squad_official.choose_null_threshold),
-chosen for the weights evaluated: every epoch's validation picks its own, the test split and
-the export use the one of the weights kept. It is saved in task.json and baked into the
-raw-text SavedModel. Metrics are evaluate-v2.0.py's (squad_official.evaluate_v2) on the
-written predictions.json and na_prob.json; v1.1 keeps evaluate-v1.1.py's exact_match / f1.
+chosen for the weights evaluated: every epoch's validation picks its own and returns it in its
+result, and the kept epoch's result carries it to the test split and the export (`keep`). It
+is saved in task.json and baked into the raw-text SavedModel. Metrics are evaluate-v2.0.py's
+(squad_official.evaluate_v2) on the written predictions.json and na_prob.json; v1.1 keeps
+evaluate-v1.1.py's exact_match / f1.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
@@ -32,27 +31,6 @@ from pipeline.finetuning.tasks.base import (
 # The settings of the answer search, saved in task.json and baked into the SavedModel.
 SEARCH_KEYS = ("max_query_length", "doc_stride", "n_best", "max_answer_length", "version_2",
                "null_score_threshold")
-# Null-score thresholds chosen on the validation split, by the weights they were chosen for
-# (`weights_key`): the kept epoch's threshold travels with the kept epoch's weights.
-_CHOSEN: collections.OrderedDict = collections.OrderedDict()
-_REMEMBERED = 256
-
-
-def weights_key(model) -> str:
-    """A digest of every weight of `model` (equal weights, equal answers, equal key)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for weight in model.get_weights():
-        array = np.ascontiguousarray(weight)
-        digest.update(f"{array.dtype}{array.shape}".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
-
-
-def _remember(key: str, threshold: float) -> None:
-    _CHOSEN[key] = float(threshold)
-    _CHOSEN.move_to_end(key)
-    while len(_CHOSEN) > _REMEMBERED:
-        _CHOSEN.popitem(last=False)
 
 
 def fixed_threshold(value) -> float | None:
@@ -72,6 +50,8 @@ class QuestionAnswering(FinetuneTask):
     output = "start_logits"
     targets = {"start_logits": "start_positions", "end_logits": "end_positions"}
     inputs = ("question", "context")
+    # The threshold chosen on validation for the kept weights (`keep`); None: none told yet.
+    kept_threshold: float | None = None
 
     @classmethod
     def check_config(cls, fc) -> str:
@@ -122,8 +102,8 @@ class QuestionAnswering(FinetuneTask):
 
     def evaluate(self, model, split, data, encoder=None):
         """v1.1: evaluate-v1.1.py's exact_match / f1. v2.0: evaluate-v2.0.py's keys on the
-        answers at the null-score threshold (chosen here when `split` is the validation
-        split and the threshold is auto) and the no-answer probabilities, plus
+        answers at the null-score threshold (auto: chosen here when `split` is the validation
+        split, else the kept epoch's, `keep`) and the no-answer probabilities, plus
         "null_score_threshold" (score units)."""
         from pipeline.finetuning import features, metrics
         from pipeline.finetuning import squad_official as official
@@ -142,7 +122,7 @@ class QuestionAnswering(FinetuneTask):
         spans = {q: text for q, (text, _, _) in candidates.items()}
         diffs = {q: float(null) - float(score) for q, (_, score, null) in candidates.items()}
         gold, has_answer = official.gold_of(split.examples)
-        threshold, source = self._threshold(model, split, data, gold, has_answer, spans, diffs)
+        threshold, source = self._threshold(split, data, gold, has_answer, spans, diffs)
         answers = official.answers_at(spans, diffs, threshold)
         na_probs = {q: official.na_probability(null, score)
                     for q, (_, score, null) in candidates.items()}
@@ -153,34 +133,26 @@ class QuestionAnswering(FinetuneTask):
                         "null_score_threshold": float(threshold),
                         "null_score_threshold_source": source}
 
-    def _threshold(self, model, split, data, gold, has_answer, spans, diffs):
-        """(threshold, "config" | "validation") for `model` on `split`."""
+    def _threshold(self, split, data, gold, has_answer, spans, diffs):
+        """(threshold, "config" | "validation") on `split`."""
         from pipeline.finetuning import squad_official as official
 
         fixed = fixed_threshold(self.fc.null_score_threshold)
         if fixed is not None:
             return fixed, "config"
-        key = weights_key(model)
         if data is not None and split.examples is data.validation:
-            _remember(key, official.choose_null_threshold(gold, has_answer, spans, diffs))
-        elif key not in _CHOSEN:  # e.g. a run resumed after its last validation pass
-            validation = self._validation_beside(split, data)
-            if validation is None:
-                raise ValueError("finetune.null_score_threshold = auto, but no threshold was "
-                                 "chosen on the validation split for these weights; evaluate "
-                                 "the validation split first, or set the key to a number")
-            self.evaluate(model, validation, data)
-        return _CHOSEN[key], "validation"
+            return official.choose_null_threshold(gold, has_answer, spans, diffs), "validation"
+        if self.kept_threshold is None:
+            raise ValueError("finetune.null_score_threshold = auto, but no validation result "
+                             "with a chosen threshold was kept for these weights; evaluate the "
+                             "validation split and pass its result to `keep` first, or set the "
+                             "key to a number")
+        return self.kept_threshold, "validation"
 
-    def _validation_beside(self, split, data):
-        """The validation split's feature records beside `split`'s (records.open_splits
-        names them <split>-*.tfrecord in one folder); None for a split in memory."""
-        files = getattr(split, "files", None)
-        if not files or data is None:
-            return None
-        found = sorted(Path(files[0]).parent.glob("validation-*.tfrecord"))
-        return type(split)(self, found, split.spec, split.inputs, data.validation, 0) \
-            if found else None
+    def keep(self, validation: dict) -> None:
+        """The kept epoch's threshold (auto, v2.0): the one its validation result chose."""
+        threshold = validation.get("null_score_threshold")
+        self.kept_threshold = None if threshold is None else float(threshold)
 
     def baselines(self, data, seed):
         """The SQuAD paper's sliding-window baseline: the span whose surrounding words
@@ -232,7 +204,7 @@ class QuestionAnswering(FinetuneTask):
     # ---- outputs ---------------------------------------------------------------------
     def task_info(self, data) -> dict:
         """The search settings; v2.0 with auto: the threshold is filled in by `export` (the
-        one chosen on validation for the weights exported)."""
+        kept epoch's, chosen on validation: `keep`)."""
         info = {k: getattr(self.fc, k) for k in SEARCH_KEYS}
         fixed = fixed_threshold(self.fc.null_score_threshold)
         info["null_score_threshold"] = fixed if fixed is not None or self.fc.version_2 else 0.0
@@ -240,29 +212,29 @@ class QuestionAnswering(FinetuneTask):
                                                "validation" if self.fc.version_2 else "unused")
         return info
 
-    def search_settings(self, model, info) -> dict:
+    def search_settings(self, info) -> dict:
         """build_qa_module's keyword arguments from `info` (task.json keys; a missing one
         takes finetune.*'s default), the threshold resolved: a number saved there, else the
-        one chosen on validation for `model`'s weights."""
+        kept epoch's, chosen on validation (`keep`)."""
         from pipeline.config import FinetuneConfig
 
         defaults = dataclasses.asdict(FinetuneConfig())
         settings = {k: (info or {}).get(k, defaults[k]) for k in SEARCH_KEYS}
         threshold = fixed_threshold(settings["null_score_threshold"])
         if threshold is None and settings["version_2"]:
-            threshold = _CHOSEN.get(weights_key(model))
+            threshold = self.kept_threshold
             if threshold is None:
-                raise ValueError("the SQuAD v2 null-score threshold is auto but none was chosen "
-                                 "on the validation split for this model; evaluate the "
-                                 "validation split first, or give finetune.null_score_threshold "
-                                 "a number")
+                raise ValueError("the SQuAD v2 null-score threshold is auto but no validation "
+                                 "result with a chosen threshold was kept; evaluate the "
+                                 "validation split and pass its result to `keep` first, or "
+                                 "give finetune.null_score_threshold a number")
         settings["null_score_threshold"] = float(threshold or 0.0)
         return settings
 
     def export(self, model, pre, folder, labels, pair, info) -> None:
         """The SavedModel with the threshold resolved (`search_settings`); `info` and the
         task.json beside `folder` get it too."""
-        settings = self.search_settings(model, info)
+        settings = self.search_settings(info)
         if info is not None and info.get("null_score_threshold") != \
                 settings["null_score_threshold"]:
             info["null_score_threshold"] = settings["null_score_threshold"]
@@ -279,7 +251,7 @@ class QuestionAnswering(FinetuneTask):
         """`info`: the search settings (task.json keys), resolved by `search_settings`."""
         from pipeline.serving import word_serving
 
-        return word_serving.build_qa_module(model, pre, **self.search_settings(model, info))
+        return word_serving.build_qa_module(model, pre, **self.search_settings(info))
 
     def check_export(self, folder, model, pre, data, info) -> dict:
         """Max |exported − in-memory| span / null score and the number of questions whose
