@@ -306,7 +306,9 @@ class Cycle:
         run_id = self.record.get("mlflow_run_id")
         if not run_id:
             return
-        self.client.log_text(run_id, logs.tail(path), f"logs/{path.name}")
+        from pipeline.tracking import outbox
+
+        outbox.log_text(logs.tail(path), f"logs/{path.name}", run_id)
 
     def _said(self, label: str) -> None:
         """After a step, on the console: what it decided (the step's log has the rest)."""
@@ -327,11 +329,13 @@ class Cycle:
 
     def _failed(self, step: str) -> None:
         """The cycle's run says which step failed (FAILED until a re-run continues it)."""
+        from pipeline.tracking import outbox
+
         run_id = self.record.get("mlflow_run_id")
         try:
             if run_id:
-                self.client.set_tag(run_id, "cycle.failed_step", step)
-                self.client.set_terminated(run_id, "FAILED")
+                outbox.set_tags({"cycle.failed_step": step}, run_id)
+                outbox.terminate(run_id, "FAILED")
         except Exception as err:  # noqa: BLE001 - the store may be why it failed
             log.warning(f"cycle: could not mark run {run_id} FAILED ({str(err)[:120]})")
 
@@ -465,11 +469,10 @@ class Cycle:
     def promote(self) -> int:
         """Registers each task's model (on the cycle's run) and moves `champion` only to a
         better one; the comparison on the new version; the report again; the cycle closed."""
-        import mlflow
-
         from pipeline import artifacts
         from pipeline.serving import mlflow_model
         from pipeline.tools import cycle_report
+        from pipeline.tracking import outbox
         from pipeline.tracking import runs as tracking
 
         record, run_id = self.record, self.record["mlflow_run_id"]
@@ -493,7 +496,7 @@ class Cycle:
                     {"metric": entry["metric"], "value": entry["value"],
                      "split_id": entry["split_id"]}, holder))
             if not entry.get("version"):
-                with mlflow.start_run(run_id=run_id):  # the version's source run: the cycle's
+                with tracking.active(run_id):  # the version's source run: the cycle's
                     uri, version = mlflow_model.log_to_mlflow(
                         out.dir, json.loads(out.task_json.read_text()), name)
                 entry.update(version=version, model_uri=uri)
@@ -505,32 +508,28 @@ class Cycle:
                 promoted = tracking.promote_if_better(
                     name, version, f"test_{entry['metric']}", entry["value"], entry["split_id"],
                     cycle_report.higher_is_better(entry["metric"]))
-            reason = self.client.get_model_version(name, version).tags.get("promotion", "")
+            reason = tracking.version_tag(name, version, "promotion")
             entry.update(promoted=promoted, decision=(
                 f"v{version} promoted to champion ({reason})" if promoted
                 else f"v{version} not promoted ({reason})"))
             link = tracking.run_link(run_id)
-            self.client.update_model_version(name, version, description=(
+            tracking.describe_version(name, version, description=(
                 f"Cycle {record['number']} ({record['opened'][:10]}), task {task.name}: "
                 f"{'promoted to champion' if promoted else 'not promoted'}: {reason}. Review "
-                f"page: cycle_report.html on run {run_id} ({link})."))
-            for key, value in {"cycle.number": record["number"], "cycle.run_id": run_id,
-                               "cycle.finetune_run_id": entry["finetune_run_id"],
-                               "cycle.arm": "adapted",
-                               "cycle.comparison": entry["comparison"]}.items():
-                self.client.set_model_version_tag(name, version, key, str(value))
-            self.client.set_tag(run_id, f"cycle.{task.name}.decision", entry["decision"])
+                f"page: cycle_report.html on run {run_id} ({link})."), tags={
+                "cycle.number": record["number"], "cycle.run_id": run_id,
+                "cycle.finetune_run_id": entry["finetune_run_id"], "cycle.arm": "adapted",
+                "cycle.comparison": entry["comparison"]})
+            outbox.set_tags({f"cycle.{task.name}.decision": entry["decision"]}, run_id)
         self._report(final=True)
         record["steps"]["promote"] = {"done": _now()}
-        self.client.set_terminated(run_id, "FINISHED")
+        outbox.terminate(run_id, "FINISHED")
         self.cycles.close(record, self.config.cycle.keep_cycles)
         return 0
 
     def _register_direct(self, task, entry: dict) -> dict:
         """Registers the direct fine-tune of the checkpoint (once) and makes it the champion:
         the score every adapted model of these cycles must beat on the same test split."""
-        import mlflow
-
         from pipeline import artifacts
         from pipeline.serving import mlflow_model
         from pipeline.tools import cycle_report
@@ -539,7 +538,7 @@ class Cycle:
         direct, name = entry["direct"], entry["registered_model"]
         out = artifacts.Artifacts(self.dir).finetune(direct["output"])
         if not direct.get("version"):
-            with mlflow.start_run(run_id=self.record["mlflow_run_id"]):
+            with tracking.active(self.record["mlflow_run_id"]):
                 uri, version = mlflow_model.log_to_mlflow(
                     out.dir, json.loads(out.task_json.read_text()), name)
             direct.update(version=version, model_uri=uri)
@@ -550,53 +549,41 @@ class Cycle:
                                    cycle_report.higher_is_better(entry["metric"]))
         reason = (f"the published checkpoint {direct['checkpoint']} fine-tuned directly: the "
                   f"first champion; an adapted model is promoted only if it beats it")
-        for key, value in {"promotion": reason, "cycle.arm": "direct",
-                           "cycle.number": self.record["number"],
-                           "cycle.run_id": self.record["mlflow_run_id"],
-                           "cycle.finetune_run_id": direct["finetune_run_id"]}.items():
-            self.client.set_model_version_tag(name, version, key, str(value))
-        self.client.update_model_version(name, version, description=(
-            f"Cycle {self.record['number']}, task {task.name}: {reason}."))
+        tracking.describe_version(name, version, description=(
+            f"Cycle {self.record['number']}, task {task.name}: {reason}."), tags={
+            "promotion": reason, "cycle.arm": "direct", "cycle.number": self.record["number"],
+            "cycle.run_id": self.record["mlflow_run_id"],
+            "cycle.finetune_run_id": direct["finetune_run_id"]})
         return cycle_report.champion(name, entry["metric"])
 
     # -- MLflow ---------------------------------------------------------------------------------
     def _tracking(self) -> None:
         """The store, and the cycle's parent run (created when the cycle opens, RUNNING until its
         promote step ends)."""
-        import mlflow
-
-        from pipeline.tracking import outbox
         from pipeline.tracking import runs as tracking
 
-        outbox.set_http_patience()
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        uri = tracking.tracking_uri(self.config)
-        tracking.create_sqlite_store(uri)
-        mlflow.set_tracking_uri(uri)
-        self.client = mlflow.MlflowClient()
-        self.experiment = tracking._experiment_id(self.config.tracking.experiment, uri)
+        self.experiment = tracking.use_store(self.config)
         record = self.record
         if record["mlflow_run_id"]:
-            if self.client.get_run(record["mlflow_run_id"]).info.status != "RUNNING":
-                self.client.update_run(record["mlflow_run_id"], status="RUNNING")
+            tracking.mark_running(record["mlflow_run_id"])
             return
         files = record["files"]
-        run = self.client.create_run(self.experiment, run_name=f"cycle {record['number']}", tags={
-            "cycle.number": str(record["number"]), "cycle.run_dir": str(self.dir),
-            "cycle.base": str(record["base"] or ""), "cycle.new_files": str(len(files)),
-            "cycle.new_bytes": str(sum(f["bytes"] for f in files)),
-            "mlflow.source.git.commit": tracking.git_commit(),
-            "mlflow.note.content": (
-                f"Cycle {record['number']}: pretraining continued on {len(files)} new file(s) "
-                f"(from {'cycle ' + str(record['base']) if record['base'] else 'scratch'}), "
-                f"then {', '.join(t.name for t in self.tasks) or 'no task'} fine-tuned, "
-                f"evaluated against the champion, registered, promoted if better. The review "
-                f"page: cycle_report.html.")})
-        record["mlflow_run_id"] = run.info.run_id
-        for key, value in {"cycle.incoming": self.config.cycle.incoming,
-                           "cycle.tasks": " ".join(t.name for t in self.tasks),
-                           "cycle.config_file": str(self.args.config)}.items():
-            self.client.log_param(run.info.run_id, key, value)
+        base = f"cycle {record['base']}" if record["base"] else "scratch"
+        tasks = ", ".join(t.name for t in self.tasks) or "no task"
+        record["mlflow_run_id"] = tracking.create_run(
+            self.experiment, f"cycle {record['number']}", tags={
+                "cycle.number": str(record["number"]), "cycle.run_dir": str(self.dir),
+                "cycle.base": str(record["base"] or ""), "cycle.new_files": str(len(files)),
+                "cycle.new_bytes": str(sum(f["bytes"] for f in files)),
+                "mlflow.source.git.commit": tracking.git_commit(),
+                "mlflow.note.content": (
+                    f"Cycle {record['number']}: pretraining continued on {len(files)} new "
+                    f"file(s) (from {base}), then {tasks} fine-tuned, evaluated against the "
+                    f"champion, registered, promoted if better. The review page: "
+                    f"cycle_report.html.")},
+            params={"cycle.incoming": self.config.cycle.incoming,
+                    "cycle.tasks": " ".join(t.name for t in self.tasks),
+                    "cycle.config_file": str(self.args.config)})
         self.cycles.save(record)
 
     def _stages(self, config, label: str, stages: list, scheduled: bool = False) -> int:
@@ -604,6 +591,7 @@ class Cycle:
         pipeline run is then nested under the cycle's run (`self.last_run`)."""
         from pipeline import artifacts, logs
         from pipeline import config as config_lib
+        from pipeline.tracking import runs as tracking
 
         path = self.dir / "configs" / f"{label}.yaml"
         artifacts.write_text_atomic(path, config_lib.dump_yaml(config))
@@ -617,19 +605,14 @@ class Cycle:
         self.runner_said = said.getvalue()
         if self.runner_said.strip():
             logs.to_file(self.runner_said.rstrip("\n"))  # the step's log
-        self.last_run = ""
-        for run in self.client.search_runs(
-                [self.experiment], f"tags.`pipeline.run_dir` = '{self.dir}' and "
-                                   f"attributes.start_time >= {since}"):
-            if not run.data.tags.get("mlflow.parentRunId"):
-                self.client.set_tag(run.info.run_id, "mlflow.parentRunId",
-                                    self.record["mlflow_run_id"])
-                self.last_run = run.info.run_id
+        self.last_run = tracking.adopt_runs(self.experiment, self.dir, since,
+                                            self.record["mlflow_run_id"])
         return code
 
     def _report(self, final: bool) -> None:
         from pipeline import artifacts
         from pipeline.tools import cycle_report
+        from pipeline.tracking import outbox
 
         tasks = {}
         for task in self.tasks:
@@ -645,13 +628,12 @@ class Cycle:
                                      cycle_report.pretraining_summary(self.dir), tasks)
         run_id = self.record["mlflow_run_id"]
         for path in sorted(written["html"].parent.iterdir()):  # the page at the top, its parts
-            self.client.log_artifact(run_id, str(path), None if path == written["html"]
-                                     else "report")
+            outbox.log_artifact(path, None if path == written["html"] else "report", run_id)
         for name, task in tasks.items():
-            self.client.log_metric(run_id, f"{name}.test_{task['metric']}", task["value"])
+            outbox.log_metrics({f"{name}.test_{task['metric']}": task["value"]}, run_id=run_id)
             if task.get("champion") and task["champion"]["value"] == task["champion"]["value"]:
-                self.client.log_metric(run_id, f"{name}.champion_test_{task['metric']}",
-                                       task["champion"]["value"])
+                outbox.log_metrics({f"{name}.champion_test_{task['metric']}":
+                                    task["champion"]["value"]}, run_id=run_id)
         log.info(f"cycle {self.record['number']}: report {written['html']}"
                  f"{' (final)' if final else ''}")
 

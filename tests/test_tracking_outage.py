@@ -3,8 +3,9 @@ directory and sent when the store answers again, or by `python -m pipeline track
 a training never dies of a logging call.
 
 The fast tests use a SQLite store and a closed port on 127.0.0.1 (a server that is not there);
-the slow one kills a real `mlflow server` mid-training, brings it back, kills it again, and
-checks every logged step against the training's own log.
+a slow one runs a real fine-tuning sweep through such an outage, another kills a real `mlflow
+server` mid-training, brings it back, kills it again, and checks every logged step against the
+training's own log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import subprocess
 import sys
@@ -22,7 +24,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from pipeline.finetuning import sweep as sweep_lib
 from pipeline.tracking import outbox
+from pipeline.tracking import runs as tracking
+from tests.test_finetune import ANIMALS, PLACES, encoder_files, make_config, sentence  # noqa: F401
 from tests.test_tracking import Server, free_port, rest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,6 +141,92 @@ def test_the_end_of_a_run_is_kept_too(store, tmp_path):
     info = mlflow.get_run(run.info.run_id).info
     assert info.status == "FINISHED" and abs(info.end_time - ended) < 5000
     assert history(run.info.run_id, "loss") == [(7, 1.5)]
+
+
+def test_a_nested_run_started_while_the_store_is_down_is_created_when_it_answers(store,
+                                                                                 tmp_path):
+    """A run nested under the stage's that starts during an outage gets a pending id; what is
+    logged under it (a tag naming it too) reaches the run the store creates for it, in order,
+    ended as it ended, also when the outbox is sent by a later invocation (tracking-sync)."""
+    uri, _ = store
+    experiment = mlflow.MlflowClient().create_experiment(
+        "nested", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment) as parent:
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")
+        with tracking.nested_run("point 1", {"pipeline.stage": "finetune-sweep"}) as child:
+            assert outbox.is_pending(child) and outbox.active_run_id() == child
+            outbox.log_params({"finetune.learning_rate": 0.001})
+            for step in (1, 2):
+                outbox.log_metrics({"train_loss": 1.0 / step}, step=step)
+        assert outbox.active_run_id() == parent.info.run_id
+        outbox.set_tags({"sweep.best_run_id": child})
+        outbox.end_run("FINISHED")
+    outbox.configure(tmp_path / "run" / "tracking" / "outbox.jsonl")  # a later invocation
+    mlflow.set_tracking_uri(uri)
+    assert outbox.flush()[1] == 0
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert run.info.run_name == "point 1" and run.info.status == "FINISHED"
+    assert run.data.tags["pipeline.stage"] == "finetune-sweep"
+    assert run.data.params == {"finetune.learning_rate": "0.001"}
+    assert history(run.info.run_id, "train_loss") == [(1, 1.0), (2, 0.5)]
+    assert client.get_run(parent.info.run_id).data.tags["sweep.best_run_id"] == run.info.run_id
+
+
+@pytest.mark.slow
+def test_a_sweep_goes_on_through_an_outage_and_loses_nothing(store, tmp_path, encoder_files):
+    """The store goes away once the stage's run has started: every point of a real fine-tuning
+    sweep still trains in a run of its own, created from the outbox when the store answers
+    again, with its params, its training's metrics, its result and its end; the stage's run
+    gets the best point, naming its run by the store's id."""
+    uri, _ = store
+    experiment = mlflow.MlflowClient().create_experiment(
+        "sweep", artifact_location=(tmp_path / "artifacts").as_uri())
+    rng = random.Random(0)
+    rows = ["text,label"] + [f"{sentence(rng, ANIMALS if i % 2 else PLACES)},"
+                             f"{'animal' if i % 2 else 'place'}" for i in range(40)]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    config = make_config(tmp_path, encoder_files, "finetune.dataset=csv", "finetune.name=sw",
+                         f"finetune.train_file={tmp_path}/train.csv", "finetune.max_steps=2",
+                         'finetune.sweep=["learning_rate=1e-3,3e-3"]')
+    with mlflow.start_run(experiment_id=experiment) as parent:  # the store answers here
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # and then goes away
+        summary = sweep_lib.sweep(config)
+        outbox.end_run("FINISHED")
+    assert outbox.is_down()
+    kept = [json.loads(line)["op"] for line in
+            (tmp_path / "run" / "tracking" / "outbox.jsonl").read_text().splitlines()]
+    assert kept.count("create") == 2 and kept.count("terminate") == 3, kept
+
+    mlflow.set_tracking_uri(uri)  # the store is back
+    assert outbox.flush()[1] == 0
+    client = mlflow.MlflowClient()
+    children = sorted(client.search_runs(
+        [experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"),
+        key=lambda r: r.info.run_name)
+    assert [c.info.run_name for c in children] == ["sweep 1: learning_rate=0.001",
+                                                   "sweep 2: learning_rate=0.003"]
+    for child, point in zip(children, summary["points"]):
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["pipeline.stage"] == "finetune-sweep"
+        assert child.data.params["finetune.learning_rate"] == str(point["point"]["learning_rate"])
+        assert child.data.params["finetune.total_steps"]  # what the training itself logged
+        assert child.data.metrics["validation_accuracy"] == pytest.approx(
+            point["validation"]["accuracy"])
+        assert child.data.metrics["best_epoch"] == point["best_epoch"]
+        assert history(child.info.run_id, "train_loss")  # its progress, step by step
+    logged = client.get_run(parent.info.run_id)
+    assert logged.info.status == "FINISHED"
+    best = summary["best"]
+    rate = str(best["point"]["learning_rate"])
+    (best_run,) = [c for c in children if c.data.params["finetune.learning_rate"] == rate]
+    assert logged.data.tags["sweep.best_run_id"] == best_run.info.run_id
+    assert logged.data.params["best.learning_rate"] == rate
+    assert logged.data.metrics["best_validation_accuracy"] == pytest.approx(
+        best["validation"]["accuracy"])
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "sweep")] == [
+        "sweep/sw.sweep.json"]
+    assert "pending-" not in json.dumps([c.to_dictionary() for c in [logged, *children]])
 
 
 def test_a_store_down_at_the_start_is_a_one_line_error(tmp_path, monkeypatch, corpus_dir):

@@ -10,8 +10,6 @@ import json
 import logging
 from pathlib import Path
 
-import mlflow
-
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
@@ -106,8 +104,6 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         artifacts.write_checksums(tmp)  # last: what distillation checks before it reads them
     log.info(f"finetune: wrote {paths.dir}")
 
-    if not mlflow.active_run():
-        return
     flat = {}
     for split in ("validation", *data.tests):
         flat.update({f"{split}_{k}": v for k, v in results[split].items() if isinstance(v, float)})
@@ -129,16 +125,19 @@ def write_and_log(config, paths, encoder, pre, data, results, predictions, split
         if path.exists():
             outbox.log_artifact(path, "finetune")
     outbox.log_artifact(paths.model_keras, "finetune")
-    if task.serving and fc.register_model and not exported:
+    if not (task.serving and fc.register_model) or outbox.active_run_id() is None:
+        return  # a model is registered from a run
+    if not exported:
         log.warning(f"finetune: finetune.export = false wrote no SavedModel in {paths.dir}, so "
                     f"nothing is registered; run again with finetune.export=true to register")
-    elif task.serving and fc.register_model and outbox.is_down():
-        log.warning(f"finetune: the tracking store is down, so the model in {paths.dir} is not "
-                    f"registered; register it later by running the stage again with --force")
-    elif task.serving and fc.register_model:
+    elif outbox.is_down() or outbox.is_pending(outbox.active_run_id()):
+        log.warning(f"finetune: the tracking store is (or was, when this run began) down, so "
+                    f"the model in {paths.dir} is not registered; register it later by running "
+                    f"the stage again with --force")
+    else:
         name = registered_name(fc)
         uri, version = mlflow_model.log_to_mlflow(paths.dir, info, name)
-        mlflow.set_tags({"finetune.model_uri": uri, "finetune.registered_model": name})
+        outbox.set_tags({"finetune.model_uri": uri, "finetune.registered_model": name})
         log.info(f"finetune: logged the raw-text model to MLflow ({uri}), registered as {name!r} "
                  f"version {version}")
         if version:

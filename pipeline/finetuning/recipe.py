@@ -19,8 +19,6 @@ import dataclasses
 import logging
 import time
 
-import mlflow
-
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
@@ -135,12 +133,12 @@ def _chosen(config: Config, rate: float, epochs: int, points: list, best: dict |
     raw = config_lib.to_dict(config)
     raw["finetune"].update(learning_rate=rate, epochs=epochs, recipe="fixed", max_seconds=rest)
     final = config_lib.from_dict(raw, "recipe auto's choice")
-    if mlflow.active_run():  # tags, not params: a resumed stage run may choose again
-        outbox.set_tags({"finetune.recipe": line, "finetune.recipe.learning_rate": f"{rate:g}",
-                         "finetune.recipe.epochs": str(epochs)})
-        outbox.log_metrics({"recipe_points_tried": float(len(tried)),
-                            "recipe_points_skipped": float(skipped),
-                            "recipe_search_seconds": round(seconds, 1),
-                            **({f"recipe_validation_{metric}": best[f"validation_{metric}"]}
-                               if best else {})})
+    # Tags, not params: a resumed stage run may choose again.
+    outbox.set_tags({"finetune.recipe": line, "finetune.recipe.learning_rate": f"{rate:g}",
+                     "finetune.recipe.epochs": str(epochs)})
+    outbox.log_metrics({"recipe_points_tried": float(len(tried)),
+                        "recipe_points_skipped": float(skipped),
+                        "recipe_search_seconds": round(seconds, 1),
+                        **({f"recipe_validation_{metric}": best[f"validation_{metric}"]}
+                           if best else {})})
     return Choice(final, report)

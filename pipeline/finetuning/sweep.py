@@ -3,12 +3,10 @@ the best point by the validation metric reported and written beside the task's f
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-
 import logging
-import mlflow
+
 import yaml
 
 from pipeline import artifacts
@@ -18,6 +16,7 @@ from pipeline.config import Config
 from pipeline.finetuning.task_model import FinetuneError, output_name
 from pipeline.finetuning.train import fine_tune
 from pipeline.tracking import outbox
+from pipeline.tracking import runs as tracking
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +69,12 @@ def sweep(config: Config, grid: dict | None = None) -> dict:
     log.info(f"sweep: best {' '.join(f'{k}={v}' for k, v in best['point'].items())}: validation "
              f"{metric} {best['validation'][metric]:.4f}, test {metric} {best['test'][metric]:.4f} "
              f"({paths.sweep})")
-    if mlflow.active_run():
-        mlflow.log_metrics({f"best_validation_{metric}": best["validation"][metric],
-                            f"best_test_{metric}": best["test"][metric]})
-        mlflow.log_params({f"best.{k}": v for k, v in best["point"].items()})
-        if best["mlflow_run_id"]:
-            mlflow.set_tag("sweep.best_run_id", best["mlflow_run_id"])
-        mlflow.log_artifact(str(paths.sweep), "sweep")
+    outbox.log_metrics({f"best_validation_{metric}": best["validation"][metric],
+                        f"best_test_{metric}": best["test"][metric]})
+    outbox.log_params({f"best.{k}": v for k, v in best["point"].items()})
+    if best["mlflow_run_id"]:
+        outbox.set_tags({"sweep.best_run_id": best["mlflow_run_id"]})
+    outbox.log_artifact(paths.sweep, "sweep")
     return summary
 
 
@@ -97,22 +95,15 @@ def run_point(point_config: Config, run_name: str, stage_tag: str, point: dict,
     run (if any) named `run_name` with the tag pipeline.stage = `stage_tag` and the `point` as
     params; its kept epoch's validation (and, with `evaluate_test`, test) metrics logged there.
     Returns (the fine-tuning's results, the nested run's id or None)."""
-    parent = mlflow.active_run()
-    context = (mlflow.start_run(run_name=run_name, nested=True,
-                                experiment_id=parent.info.experiment_id,
-                                tags={"pipeline.stage": stage_tag})
-               if parent else contextlib.nullcontext())
-    with context as child:
-        if child is not None:
-            mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
+    with tracking.nested_run(run_name, {"pipeline.stage": stage_tag}) as run_id:
+        outbox.log_params({f"finetune.{k}": v for k, v in point.items()})
         result = fine_tune(point_config, write_outputs=False, evaluate_test=evaluate_test)
-        if child is not None:  # the kept epoch's metrics, comparable across the points
-            outbox.log_metrics({
-                **{f"validation_{k}": v for k, v in _floats(result["validation"]).items()},
-                **{f"test_{k}": v for k, v in _floats(result.get("test", {})).items()},
-                "best_epoch": float(result["best_epoch"]),
-                "trained_steps": float(result["trained_steps"])})
-    return result, child.info.run_id if child is not None else None
+        outbox.log_metrics({  # the kept epoch's metrics, comparable across the points
+            **{f"validation_{k}": v for k, v in _floats(result["validation"]).items()},
+            **{f"test_{k}": v for k, v in _floats(result.get("test", {})).items()},
+            "best_epoch": float(result["best_epoch"]),
+            "trained_steps": float(result["trained_steps"])})
+    return result, run_id
 
 
 def _floats(d: dict) -> dict:

@@ -26,7 +26,6 @@ import math
 import time
 
 import keras
-import mlflow
 import numpy as np
 
 from models import preprocessor
@@ -44,6 +43,7 @@ from pipeline.finetuning.task_model import (
     resolve_init,
 )
 from pipeline.text import vocab as vocab_lib
+from pipeline.tracking import outbox
 from pipeline.training.callbacks import StopAt
 
 log = logging.getLogger(__name__)
@@ -122,12 +122,11 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
              f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
              f"({epochs} epoch(s) of {steps_per_epoch}), {runtime.describe(fc, model)}, "
              f"lr {fc.learning_rate}")
-    if mlflow.active_run():
-        mlflow.log_params({"finetune.parameters": encoder.count_params(),
-                           "finetune.trainable_parameters": trainable,
-                           "finetune.total_steps": total_steps,
-                           "finetune.init_model": str(model_path),
-                           **{f"finetune.examples.{k}": v for k, v in counts.items()}})
+    outbox.log_params({"finetune.parameters": encoder.count_params(),
+                       "finetune.trainable_parameters": trainable,
+                       "finetune.total_steps": total_steps,
+                       "finetune.init_model": str(model_path),
+                       **{f"finetune.examples.{k}": v for k, v in counts.items()}})
 
     # 4. Train, keeping the best epoch by the validation metric; checkpoints (the stage's run,
     # not a sweep's points) in finetune/.checkpoints/<name>/: a re-run resumes there.

@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import logging
 
-import mlflow
-
 from beam_jobs import pretraining_data
 from beam_jobs import vocab as vocab_job
 from pipeline import artifacts, beam_progress, remote_dir
@@ -103,8 +101,7 @@ def run(config: Config) -> dict:
              else f"{paths.data_dir}/phase1..{len(phases)}")
     log.info(f"data: {train['instances']:,} training / {held['instances']:,} held-out instances, "
              f"{masks}, {pair} -> {where}")
-    if mlflow.active_run():
-        log_to_mlflow(stats, paths)
+    log_to_mlflow(stats, paths)
     return stats
 
 

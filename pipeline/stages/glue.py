@@ -31,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-import mlflow
-
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import glue
@@ -41,6 +39,7 @@ from pipeline.finetuning.sweep import parse_grid
 from pipeline.finetuning.task_model import resolve_init
 from pipeline.finetuning.train import fine_tune
 from pipeline.tracking import outbox
+from pipeline.tracking import runs as tracking
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +66,16 @@ def run(config: Config, tasks="") -> dict:
     # 2-3. Each task: fine-tuned (or the majority class), its test files predicted.
     records = {}
     for task in chosen:
-        with _nested(f"glue {task}", {"pipeline.stage": "glue-task", "glue.task": task}) as child:
+        with tracking.nested_run(f"glue {task}",
+                                 {"pipeline.stage": "glue-task", "glue.task": task}) as run_id:
             records[task] = (glue.majority_class(fc.glue_dir, task)
                              if task in glue.MAJORITY_CLASS_TASKS else
                              _fine_tune_task(config, task, points))
-            records[task]["mlflow_run_id"] = child.info.run_id if child else None
+            records[task]["mlflow_run_id"] = run_id
             records[task]["init_from"] = init_from
-            if child:
-                outbox.log_metrics({f"dev_{name.lower()}_{m}": v
-                                    for name, values in records[task]["entries"].items()
-                                    for m, v in values.items()})
+            outbox.log_metrics({f"dev_{name.lower()}_{m}": v
+                                for name, values in records[task]["entries"].items()
+                                for m, v in values.items()})
 
     # 4. Results and submission files, with the tasks of an earlier run on this encoder.
     earlier = _earlier(config.run_dir, init_from, chosen)
@@ -90,19 +89,18 @@ def run(config: Config, tasks="") -> dict:
         log.info(f"glue: {line}")
     log.info(f"glue: wrote {out}/results.md and {out}/submission/ "
              f"(zip its files for the GLUE server)")
-    if mlflow.active_run():
-        score, paper = results["glue_score"], results["bert_paper_average"]
-        outbox.log_metrics({
-            **{f"dev_{name.lower()}_{m}": v for r in results["tasks"].values()
-               for name, values in r["entries"].items() for m, v in values.items()},
-            **({"glue_score_dev": score["score"]} if score["score"] is not None else {}),
-            **({"bert_paper_average_dev": paper["score"]} if paper["score"] is not None else {})})
-        outbox.set_tags({"glue.tasks": ",".join(results["tasks"]),
-                         "glue.complete": str(score["complete"]).lower()})
-        for name in ("results.md", "results.json"):
-            outbox.log_artifact(out / name, "glue")
-        for path in sorted((out / "submission").iterdir()):
-            outbox.log_artifact(path, "glue/submission")
+    score, paper = results["glue_score"], results["bert_paper_average"]
+    outbox.log_metrics({
+        **{f"dev_{name.lower()}_{m}": v for r in results["tasks"].values()
+           for name, values in r["entries"].items() for m, v in values.items()},
+        **({"glue_score_dev": score["score"]} if score["score"] is not None else {}),
+        **({"bert_paper_average_dev": paper["score"]} if paper["score"] is not None else {})})
+    outbox.set_tags({"glue.tasks": ",".join(results["tasks"]),
+                     "glue.complete": str(score["complete"]).lower()})
+    for name in ("results.md", "results.json"):
+        outbox.log_artifact(out / name, "glue")
+    for path in sorted((out / "submission").iterdir()):
+        outbox.log_artifact(path, "glue/submission")
     return {"output_dir": str(out), "glue_score": results["glue_score"],
             "tasks": results["tasks"]}
 
@@ -115,10 +113,9 @@ def _fine_tune_task(config: Config, task: str, points: list) -> dict:
         name = f"glue_{task}" + (f"_p{i}" if len(points) > 1 else "")
         task_config = _task_config(config, task, name, point)
         label = " ".join(f"{k}={v}" for k, v in point.items())
-        with (_nested(f"glue {task} {i}: {label}", {"pipeline.stage": "glue-point"})
+        with (tracking.nested_run(f"glue {task} {i}: {label}", {"pipeline.stage": "glue-point"})
               if len(points) > 1 else contextlib.nullcontext()):
-            if point and mlflow.active_run():
-                mlflow.log_params({f"finetune.{k}": v for k, v in point.items()})
+            outbox.log_params({f"finetune.{k}": v for k, v in point.items()})
             result = fine_tune(task_config, write_outputs=True)
         entries = glue.dev_entries(task, result)
         trials.append({"point": point, "model_dir": result["output_dir"], "entries": entries,
@@ -164,17 +161,6 @@ def _earlier(run_dir, init_from: str, chosen: list) -> dict:
         log.info(f"glue: keeping the results of an earlier run for {', '.join(kept)} "
                  f"(same encoder)")
     return kept
-
-
-@contextlib.contextmanager
-def _nested(name: str, tags: dict):
-    parent = mlflow.active_run()
-    if parent is None:
-        yield None
-        return
-    with mlflow.start_run(run_name=name, nested=True, tags=tags,
-                          experiment_id=parent.info.experiment_id) as run:
-        yield run
 
 
 def _machine() -> str:

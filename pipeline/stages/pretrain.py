@@ -40,7 +40,6 @@ import json
 
 import keras
 import logging
-import mlflow
 
 from pipeline import artifacts
 from pipeline import config as config_lib
@@ -81,9 +80,9 @@ def run(config: Config) -> dict:
             raise PretrainError(f"{err}{where}") from err
     chief = strategy_lib.is_chief()
     config_yaml = config_lib.dump_yaml(config)
-    stage_run = mlflow.active_run() if chief else None
+    stage_run = outbox.active_run_id() if chief else None
     if stage_run is not None:  # a re-run after an interruption continues this run
-        tracking.write_run_file(paths.pretrain_run_file, stage_run.info.run_id)
+        tracking.write_run_file(paths.pretrain_run_file, stage_run)
 
     peak = 0.0
     if tc.peak_flops_seconds:
@@ -114,9 +113,8 @@ def run(config: Config) -> dict:
                                      **{k: v for k, v in
                                         config_lib.to_flat_dict(phase.config).items()
                                         if k.startswith(("train.", "data.", "model."))}})
-                mlflow.MlflowClient().set_tag(stage_run.info.run_id,
-                                              f"pretrain.{phase.name}.run_id",
-                                              run_of_phase.info.run_id)
+                outbox.set_tags({f"pretrain.{phase.name}.run_id": run_of_phase.info.run_id},
+                                stage_run)
             if phase.index:
                 keras.utils.set_random_seed(tc.seed + phase.index - 1)
                 log.info(f"{phase.prefix}: {phase.shape} (max_seq_length/max_predictions_per_seq) "
@@ -139,23 +137,23 @@ def run(config: Config) -> dict:
         if outcome["heldout"]:  # time to accuracy: (step, training seconds, accuracy) probes
             artifacts.write_text_atomic(paths.heldout_curve,
                                         json.dumps(outcome["heldout"], indent=1))
-        if mlflow.active_run():
-            # Through the outbox: a tracking store that went away is not the end of a run.
-            outbox.set_tags({"pretrain.weights_sha256": digest})
-            outbox.log_metrics({k: v for k, v in results.items() if k != "step"},
-                               step=results["step"])
-            outbox.log_artifact(paths.pretrain_eval, "pretrain")
-            outbox.log_artifact(paths.pretrain_config, "pretrain")
-            if outcome["heldout"]:
-                outbox.log_artifact(paths.heldout_curve, "pretrain")
-            outbox.log_artifact(paths.model_keras, "model")
-            outbox.log_artifact(paths.model_vocab, "model")  # the model's vocab and casing
-            outbox.log_artifact(paths.model_vocab_meta, "model")
-            outbox.log_artifact(paths.saved_model, "model/saved_model")
-            if config.tracking.register_encoder:
-                name = config.tracking.encoder_name or f"bert-encoder-{paths.root.name}"
-                outbox.deferred("pipeline.serving.mlflow_model:register_encoder",
-                                [str(paths.model_keras), str(paths.vocab_file), name])
+        # Through the outbox: a tracking store that went away is not the end of a run.
+        outbox.set_tags({"pretrain.weights_sha256": digest})
+        outbox.log_metrics({k: v for k, v in results.items() if k != "step"},
+                           step=results["step"])
+        outbox.log_artifact(paths.pretrain_eval, "pretrain")
+        outbox.log_artifact(paths.pretrain_config, "pretrain")
+        if outcome["heldout"]:
+            outbox.log_artifact(paths.heldout_curve, "pretrain")
+        outbox.log_artifact(paths.model_keras, "model")
+        outbox.log_artifact(paths.model_vocab, "model")  # the model's vocab and casing
+        outbox.log_artifact(paths.model_vocab_meta, "model")
+        outbox.log_artifact(paths.saved_model, "model/saved_model")
+        if config.tracking.register_encoder:
+            name = config.tracking.encoder_name or f"bert-encoder-{paths.root.name}"
+            outbox.deferred("pipeline.serving.mlflow_model:register_encoder",
+                            [str(paths.model_keras), str(paths.vocab_file), name])
+        if stage_run is not None:  # images for the MLflow UI: none drawn without a run
             review_plots(model, config, paths, history)
     return {"parameters": outcome["parameters"], "start_step": outcome["start_step"],
             "weights_sha256": digest, "history": history,

@@ -16,7 +16,15 @@ invocation on the same run directory, or by
 (pipeline/tools/tracking_sync.py).
 
 A run whose end could not be recorded stays RUNNING in the store until then (the outbox holds
-its FINISHED/FAILED with the time it really ended).
+its FINISHED/FAILED with the time it really ended). A run nested under a stage's that starts
+while the store is down (the next point of a sweep) is created from the outbox too
+(`pending_run`): until then it goes by a local id, "pending-<hex>", which the kept calls name
+and which is replaced by the store's id when the run is created.
+
+This module is the pipeline's one door to MLflow for what a stage writes: outside
+pipeline/tracking/, pipeline/serving/ and pipeline/tools/ nothing imports mlflow
+(tests/test_import_contracts.py). Each call is a no-op while no run is active (a library user
+calling a stage function without the CLI), so callers need no guard of their own.
 
 Calls made while nothing is configured (a library user, a test) go straight to mlflow.
 Starting a run needs the store (its id comes from there): a store that is down when a stage
@@ -25,11 +33,13 @@ starts is a one-line error (exit 2) naming it, before any work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import time
+import uuid
 from pathlib import Path
 
 import mlflow
@@ -50,6 +60,8 @@ HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
 # MLflow error codes that mean "the store is not answering", not "the request is wrong".
 OUTAGE_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED",
                 "DEADLINE_EXCEEDED", "ENDPOINT_NOT_FOUND"}
+# The prefix of the local id of a run created through the outbox (`pending_run`).
+PENDING = "pending-"
 
 
 class _State:
@@ -58,6 +70,10 @@ class _State:
     down_until: float = 0.0
     pending: int = 0
     warned: bool = False
+
+    def __init__(self):
+        self.runs: list[str] = []  # the pending runs active here, innermost last
+        self.ids: dict[str, str] = {}  # pending id -> the store's id, once created
 
 
 _state = _State()
@@ -76,6 +92,7 @@ def configure(outbox_file: str | os.PathLike | None,
     _state.path = Path(outbox_file) if outbox_file else None
     _state.retry_seconds = retry_seconds
     _state.down_until, _state.warned = 0.0, False
+    _state.runs, _state.ids = [], {}
     _state.pending = len(_read(_state.path)) if _state.path else 0
     return _state.pending
 
@@ -100,14 +117,61 @@ def is_down() -> bool:
     return _state.pending > 0 or time.time() < _state.down_until
 
 
+def is_configured() -> bool:
+    """True while calls that cannot reach the store are kept (the CLI's stages)."""
+    return _state.path is not None
+
+
+def went_down(err: BaseException) -> None:
+    """Records an outage seen by a call made outside this module (e.g. starting a run)."""
+    _went_down(err)
+
+
 # ---------------------------------------------------------------------------
 # The calls a stage makes.
 # ---------------------------------------------------------------------------
 def _active_id(run_id: str | None) -> str | None:
     if run_id:
         return run_id
+    if _state.runs:
+        return _state.runs[-1]
     run = mlflow.active_run()
     return run.info.run_id if run else None
+
+
+def active_run_id() -> str | None:
+    """The id of the active run (the stage's, or a nested one), None without one. A run
+    created from the outbox goes by its pending id (`is_pending`)."""
+    return _active_id(None)
+
+
+def is_pending(run_id: str | None) -> bool:
+    """True for the local id of a run created through the outbox (`pending_run`)."""
+    return bool(run_id) and run_id.startswith(PENDING)
+
+
+def store_id(run_id: str) -> str | None:
+    """The store's id of `run_id` (itself, unless pending); None while it is not created."""
+    return _state.ids.get(run_id) if is_pending(run_id) else run_id
+
+
+@contextlib.contextmanager
+def pending_run(experiment_id: str, name: str, tags: dict, parent_run_id: str):
+    """A run nested under `parent_run_id`, created through the outbox (now if the store
+    answers, else once it does): the active run of the calls here inside the block (not of
+    mlflow's fluent API), ended FINISHED (FAILED if the block raises). Yields its pending id."""
+    run_id = f"{PENDING}{uuid.uuid4().hex}"
+    submit({"op": "create", "run_id": run_id, "experiment_id": experiment_id, "run_name": name,
+            "tags": {**tags, "mlflow.parentRunId": parent_run_id},
+            "start_time": _now_ms()})
+    _state.runs.append(run_id)
+    status = "FAILED"
+    try:
+        yield run_id
+        status = "FINISHED"
+    finally:
+        _state.runs.remove(run_id)
+        terminate(run_id, status)
 
 
 def _now_ms() -> int:
@@ -123,6 +187,17 @@ def log_metrics(metrics: dict, step: int | None = None, run_id: str | None = Non
         for start in range(0, len(rows), BATCH_LIMITS["metrics"]):
             submit({"op": "batch", "run_id": run_id,
                     "metrics": rows[start:start + BATCH_LIMITS["metrics"]]})
+
+
+def log_params(params: dict, run_id: str | None = None) -> None:
+    """mlflow.log_params (values as strings); a param the run already has with another value is
+    refused by the store (raised now; moved aside by `flush` if it was kept)."""
+    run_id = _active_id(run_id)
+    if run_id and params:
+        rows = [(k, str(v)) for k, v in params.items()]
+        for start in range(0, len(rows), BATCH_LIMITS["params"]):
+            submit({"op": "batch", "run_id": run_id,
+                    "params": dict(rows[start:start + BATCH_LIMITS["params"]])})
 
 
 def set_tags(tags: dict, run_id: str | None = None) -> None:
@@ -151,6 +226,11 @@ def deferred(target: str, args: list, run_id: str | None = None) -> None:
     run_id = _active_id(run_id)
     if run_id:
         submit({"op": "call", "run_id": run_id, "target": target, "args": list(args)})
+
+
+def terminate(run_id: str, status: str = "FINISHED") -> None:
+    """Ends `run_id`, a run that is not the active one (MlflowClient.set_terminated)."""
+    submit({"op": "terminate", "run_id": run_id, "status": status, "end_time": _now_ms()})
 
 
 def end_run(status: str = "FINISHED") -> None:
@@ -219,10 +299,28 @@ def submit(entry: dict) -> None:
         _append(entry)
 
 
+def _resolved(entry: dict) -> dict:
+    """`entry` with the pending ids of runs created meanwhile replaced by the store's (in any
+    field: a tag may name a run too)."""
+    if not _state.ids:
+        return entry
+    text = json.dumps(entry)
+    if PENDING not in text:
+        return entry
+    for pending, real in _state.ids.items():
+        text = text.replace(pending, real)
+    return json.loads(text)
+
+
 def _send(entry: dict) -> None:
     client = mlflow.MlflowClient()
+    entry = _resolved(entry)
     run_id, op = entry["run_id"], entry["op"]
-    if op == "batch":
+    if op == "create":
+        created = client.create_run(entry["experiment_id"], start_time=entry["start_time"],
+                                    tags=entry["tags"], run_name=entry["run_name"])
+        _state.ids[run_id] = created.info.run_id
+    elif op == "batch":
         client.log_batch(
             run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in entry.get("metrics", [])],
             params=[Param(k, v) for k, v in entry.get("params", {}).items()],
@@ -310,7 +408,7 @@ def flush() -> tuple[int, int]:
         except Exception as err:  # noqa: BLE001
             if is_outage(err):
                 _went_down(err)
-                _rewrite(path, entries[index:])
+                _rewrite(path, [_resolved(e) for e in entries[index:]])
                 return sent, len(entries) - index
             log.warning(f"tracking: the store refused a kept {entry['op']} for run "
                         f"{entry['run_id']} ({str(err).splitlines()[0][:200]}); moved to "

@@ -169,13 +169,13 @@ def pipeline_run(config: config_lib.Config, stages: list[str], config_path: str 
                             config.tracking.retry_seconds)
     try:
         with _ending(run):
-            mlflow.log_params(config_lib.to_flat_dict(config))
-            mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
             if kept:  # calls an earlier invocation on this run dir could not send
                 sent, left = outbox.flush()
                 log.info(
                     f"tracking: sent {sent} MLflow calls an earlier run kept while the store was "
                     f"down" + (f" ({left} still kept)" if left else ""))
+            outbox.log_params(config_lib.to_flat_dict(config))
+            outbox.log_text(config_lib.dump_yaml(config), "config.yaml")
             yield run
     finally:
         outbox.configure(None)
@@ -271,7 +271,7 @@ def stage_run(name: str, config: config_lib.Config, description: str = "", tags:
     _remember(artifacts.Artifacts(config.run_dir), name, active.info.run_id)
     with _ending(active):
         log_params(config_lib.to_flat_dict(config))
-        mlflow.log_text(config_lib.dump_yaml(config), "config.yaml")
+        outbox.log_text(config_lib.dump_yaml(config), "config.yaml")
         start = time.time()
         yield active
         outbox.log_metrics({"stage_seconds": time.time() - start})
@@ -339,21 +339,60 @@ def child_run(name: str, parent_run_id: str, tags: dict | None = None, resume_ru
 
 
 def log_params(params: dict) -> None:
-    """mlflow.log_params on the active run, safe on a resumed run: params it already has with
-    the same value are skipped; a changed value (MLflow params cannot change) is recorded as
-    the tag `param_changed.<key>` = the new value instead."""
-    run = mlflow.active_run()
-    old = mlflow.MlflowClient().get_run(run.info.run_id).data.params if run else {}
+    """mlflow.log_params on the active run (none: nothing), safe on a resumed run: params it
+    already has with the same value are skipped; a changed value (MLflow params cannot change)
+    is recorded as the tag `param_changed.<key>` = the new value instead. Through the outbox:
+    while the store is down they are kept (and the run's old params are not read)."""
+    run_id = outbox.active_run_id()
+    if run_id is None:
+        return
+    stored = outbox.store_id(run_id)
+    old = ({} if outbox.is_down() or stored is None
+           else mlflow.MlflowClient().get_run(stored).data.params)
     new, changed = {}, {}
     for key, value in params.items():
         if key not in old:
             new[key] = value
         elif old[key] != str(value):
             changed[f"param_changed.{key}"] = str(value)
-    if new:
-        mlflow.log_params(new)
-    if changed:
-        mlflow.set_tags(changed)
+    outbox.log_params(new, run_id)
+    outbox.set_tags(changed, run_id)
+
+
+@contextlib.contextmanager
+def nested_run(name: str, tags: dict):
+    """A run named `name` nested under the active run, active inside the block and ended
+    FINISHED (FAILED if the block raises) through the outbox; yields its id. Without an active
+    run it yields None and the block logs nothing (its outbox calls are no-ops). While the
+    store is down (under the CLI) the run is created from the outbox once it answers
+    (`outbox.pending_run`), so a sweep goes on through an outage and loses nothing."""
+    from mlflow.tracking.context import registry
+
+    parent = outbox.active_run_id()
+    if parent is None:
+        yield None
+        return
+    run = None
+    if not (outbox.is_pending(parent) or (outbox.is_configured() and outbox.is_down())):
+        try:
+            run = mlflow.start_run(run_name=name, nested=True, tags=tags,
+                                   experiment_id=mlflow.active_run().info.experiment_id)
+        except Exception as err:  # an outage under the CLI is kept, anything else raised
+            if not (outbox.is_configured() and outbox.is_outage(err)):
+                raise
+            outbox.went_down(err)
+    if run is not None:
+        with _ending(run):
+            yield run.info.run_id
+        return
+    with outbox.pending_run(mlflow.active_run().info.experiment_id, name,
+                            registry.resolve_tags(tags), parent) as run_id:
+        yield run_id
+
+
+def parent_run_id(run_id: str) -> str:
+    """The run `run_id` is nested under (itself if it is a top-level run)."""
+    return mlflow.MlflowClient().get_run(run_id).data.tags.get("mlflow.parentRunId") or run_id
 
 
 def write_run_file(path, run_id: str) -> None:
@@ -373,6 +412,58 @@ def read_run_file(path) -> str:
     if not isinstance(record, dict) or record.get("tracking_uri") != mlflow.get_tracking_uri():
         return ""
     return str(record.get("run_id") or "")
+
+
+# ---------------------------------------------------------------------------
+# A run kept open across invocations, not on the active-run stack (the model cycle's,
+# pipeline/cycle.py): created and read here, written to through the outbox with its id.
+# ---------------------------------------------------------------------------
+def use_store(config: config_lib.Config) -> str:
+    """Points MLflow at the config's store (a new SQLite file created safely), with bounded
+    HTTP retries; returns the id of the config's experiment (created if new)."""
+    outbox.set_http_patience()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    uri = tracking_uri(config)
+    create_sqlite_store(uri)
+    mlflow.set_tracking_uri(uri)
+    return _experiment_id(config.tracking.experiment, uri)
+
+
+def create_run(experiment_id: str, name: str, tags: dict, params: dict) -> str:
+    """A new top-level run (not made the active one) with `tags` and `params`; its id."""
+    run_id = mlflow.MlflowClient().create_run(experiment_id, run_name=name,
+                                              tags=tags).info.run_id
+    outbox.log_params(params, run_id)
+    return run_id
+
+
+def mark_running(run_id: str) -> None:
+    """Status RUNNING again for a run that ended (or failed) and is continued."""
+    client = mlflow.MlflowClient()
+    if client.get_run(run_id).info.status != "RUNNING":
+        client.update_run(run_id, status="RUNNING")
+
+
+def adopt_runs(experiment_id: str, run_dir, since_ms: int, parent_run_id: str) -> str:
+    """Nests under `parent_run_id` the top-level runs of `run_dir` started since `since_ms`
+    (a pipeline invocation's runs); returns the id of the last one ("" if none)."""
+    last = ""
+    for run in mlflow.MlflowClient().search_runs(
+            [experiment_id], f"tags.`pipeline.run_dir` = '{run_dir}' and "
+                             f"attributes.start_time >= {since_ms}"):
+        if not run.data.tags.get("mlflow.parentRunId"):
+            outbox.set_tags({"mlflow.parentRunId": parent_run_id}, run.info.run_id)
+            last = run.info.run_id
+    return last
+
+
+@contextlib.contextmanager
+def active(run_id: str):
+    """`run_id` as the active run inside the block (e.g. to log a model on it), ended after
+    (FINISHED, or FAILED if the block raises) as mlflow.start_run's block would."""
+    run = mlflow.start_run(run_id=run_id)
+    with _ending(run):
+        yield run
 
 
 # ---------------------------------------------------------------------------
@@ -413,12 +504,26 @@ def promote_if_better(model_name: str, version: str, metric: str, value: float,
     if promote:
         client.set_registered_model_alias(model_name, CHAMPION, version)
     client.set_model_version_tag(model_name, version, "promotion", reason)
-    if mlflow.active_run():
-        mlflow.set_tags({"registry.model": model_name, "registry.version": str(version),
-                         "registry.promoted": str(promote), "registry.decision": reason})
+    outbox.set_tags({"registry.model": model_name, "registry.version": str(version),
+                     "registry.promoted": str(promote), "registry.decision": reason})
     log.info(f"registry: {model_name} v{version}: {'promoted to' if promote else 'not'} "
              f"{CHAMPION} ({reason})")
     return promote
+
+
+def version_tag(model_name: str, version: str, key: str) -> str:
+    """A tag of a registered model version ("" if it has none)."""
+    return mlflow.MlflowClient().get_model_version(model_name, version).tags.get(key, "")
+
+
+def describe_version(model_name: str, version: str, description: str | None = None,
+                     tags: dict | None = None) -> None:
+    """Sets a registered model version's tags (values as strings) and its description."""
+    client = mlflow.MlflowClient()
+    for key, value in (tags or {}).items():
+        client.set_model_version_tag(model_name, version, key, str(value))
+    if description is not None:
+        client.update_model_version(model_name, version, description=description)
 
 
 def log_parameter_breakdown(model, artifact_dir: str = "params"):
@@ -426,9 +531,12 @@ def log_parameter_breakdown(model, artifact_dir: str = "params"):
     from models.params import parameter_breakdown
 
     breakdown = parameter_breakdown(model)  # models/params.py
-    mlflow.log_dict(breakdown.to_dict(), f"{artifact_dir}/params.json")
-    mlflow.log_text(breakdown.format_table() + "\n", f"{artifact_dir}/params.txt")
+    if outbox.active_run_id() is None:
+        return breakdown
+    outbox.log_text(json.dumps(breakdown.to_dict(), indent=2, default=str),
+                    f"{artifact_dir}/params.json")
+    outbox.log_text(breakdown.format_table() + "\n", f"{artifact_dir}/params.txt")
     metrics = {f"params_{k}": float(v) for k, v in breakdown.summary().items()}
     metrics.update({f"params_{k}": float(v) for k, v in breakdown.ratios.items()})
-    mlflow.log_metrics(metrics)
+    outbox.log_metrics(metrics)
     return breakdown

@@ -10,7 +10,6 @@ import math
 import time
 import warnings
 
-import mlflow
 import tensorflow as tf
 
 from pipeline import artifacts
@@ -104,23 +103,23 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
              + (f" × {tc.grad_accum_steps} accumulated" if tc.grad_accum_steps > 1 else "")
              + f", {tc.precision}, XLA {'on' if model.jit_compile else 'off'}, "
              f"{per_token / 1e6:,.1f} MFLOP per token")
-    if chief and mlflow.active_run():
+    if chief:
         # tracking.log_params: a resumed run keeps its params (a change is recorded as a tag).
         tracking.log_params({"model.parameters": params,
                              "train.replicas": strategy.num_replicas_in_sync,
                              "train.effective_batch": tc.batch_size * tc.grad_accum_steps,
                              "train.flops_per_token": per_token, "train.peak_flops": peak,
                              "train.onednn": onednn_enabled()})
-        mlflow.set_tag("train.resumed_from_step", str(start_step))
+        outbox.set_tags({"train.resumed_from_step": str(start_step)})
         if start_step:
-            mlflow.log_metric("resumed_from_step", start_step, step=start_step)
+            outbox.log_metrics({"resumed_from_step": start_step}, step=start_step)
         tracking.log_parameter_breakdown(model)  # params/params.{json,txt}, params_* metrics
         if new_weights is not None:  # which weights the run starts without (encoder-only)
-            mlflow.set_tags({"pretrain.init_from": config.model.init_from,
+            outbox.set_tags({"pretrain.init_from": config.model.init_from,
                              "pretrain.init_from.new_weights":
                                  ", ".join(new_weights)[:4000] or "none"})
         if warmup is not None and warmup.steps:
-            mlflow.set_tags({"pretrain.head_warmup.steps": str(warmup.steps),
+            outbox.set_tags({"pretrain.head_warmup.steps": str(warmup.steps),
                              "pretrain.head_warmup.heads": ", ".join(warmup.heads)})
     if warmup is not None and not found and chief:  # what a resumed run continues with
         write_record(phase.checkpoint_dir, warmup)
@@ -227,7 +226,7 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
              f"MLM loss {results.get('eval_mlm_loss', float('nan')):.4f}")
     digest = weights_digest(model)
     log.info(f"{prefix}: final weights sha256 {digest[:16]}… ({strategy_lib.worker_name()})")
-    if chief and phase.index and mlflow.active_run():
+    if chief and phase.index:
         outbox.set_tags({"pretrain.weights_sha256": digest})
         outbox.log_metrics({k: v for k, v in results.items() if k != "step"},
                            step=results["step"])

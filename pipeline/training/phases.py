@@ -8,7 +8,6 @@ import dataclasses
 from pathlib import Path
 
 import logging
-import mlflow
 
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts
@@ -83,16 +82,15 @@ def set_checkpoints_aside(config: Config):
     return aside
 
 
-def phase_run(phase: Phase, stage_run, resume: bool):
-    """The MLflow run of one phase: a child of the pipeline run (the stage run's parent), or
-    the phase's recorded run reopened when it resumes from a checkpoint."""
-    tags = mlflow.MlflowClient().get_run(stage_run.info.run_id).data.tags
-    parent = tags.get("mlflow.parentRunId") or stage_run.info.run_id
+def phase_run(phase: Phase, stage_run: str, resume: bool):
+    """The MLflow run of one phase: a child of the pipeline run (the parent of the stage run,
+    id `stage_run`), or the phase's recorded run reopened when it resumes from a checkpoint."""
+    parent = tracking.parent_run_id(stage_run)
     resume_id = tracking.read_run_file(Artifacts.run_file(phase.checkpoint_dir)) if resume else ""
     return tracking.child_run(
         f"pretrain {phase.name}", parent, resume_run_id=resume_id,
         tags={"pipeline.stage": f"pretrain.{phase.name}", "pretrain.phase": str(phase.index),
-              "pretrain.stage_run_id": stage_run.info.run_id,
+              "pretrain.stage_run_id": stage_run,
               "mlflow.source.git.commit": tracking.git_commit(),
               "mlflow.note.content": f"Pretraining {phase.name}: sequences of "
                                      f"{phase.config.data.max_seq_length} tokens, "
