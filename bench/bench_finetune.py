@@ -81,7 +81,6 @@ import subprocess
 import sys
 import threading
 import time
-from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +99,7 @@ from bench.finetune_data import (  # noqa: F401
     variant,
     write_tsv,
 )
+from bench import machine
 from bench.finetune_peer import PEER_ACT, compare_pooled, compare_tokenizers, peer_main
 from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the tests)
     PHASES,
@@ -114,7 +114,6 @@ from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the
 )
 
 NAME = "bench-finetune"  # in the errors of the helpers bench/bench_checkpoint.py shares
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accelerate")
 QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256}
 
@@ -145,20 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--copies", type=int, default=8,
                         help="the memory run's training rows, in multiples of the 1x rows")
     parser.add_argument("--work", default="runs/bench-finetune", help="emptied first")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"try it: {QUICK} unless given")
+    machine.add_quick(parser, QUICK)
     parser.add_argument("--role", choices=("init", "peer"), help=argparse.SUPPRESS)
     return parser
 
 
 def parse_args(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
-        for key, value in QUICK.items():
-            if f"--{key.replace('_', '-')}" not in given:
-                setattr(args, key, value)
+    args = machine.apply_quick(parser.parse_args(argv), QUICK, argv)
     if args.steps < 1 or args.batch_size < 1 or args.copies < 2:
         parser.error("--steps and --batch-size must be >= 1, --copies >= 2")
     args.work = Path(args.work).resolve()
@@ -168,35 +161,14 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------
 # The machine
 # ---------------------------------------------------------------------------
-def cpu_facts() -> tuple[str, dict]:
-    """The CPU model and which of CPU_FLAGS /proc/cpuinfo lists."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return model, {flag: flag in flags for flag in CPU_FLAGS}
-
-
 def versions() -> dict:
-    found = {}
-    for name in VERSIONS:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
+    return machine.versions(VERSIONS)
 
 
 def print_header(args) -> None:
-    model, flags = cpu_facts()
-    print(f"bench-finetune: {model}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
+    model, flags = machine.cpu_facts()
+    print(f"bench-finetune: {model}, {machine.cores()} CPUs, Python {platform.python_version()}")
+    print("  CPU flags: " + machine.flags_text(flags))
     print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()))
     print(f"  settings: {args.model if not args.init else args.init}, seq {args.seq_len}, batch "
           f"{args.batch_size}, {args.steps} steps, lr {args.learning_rate:g} (warmup "
@@ -266,10 +238,10 @@ def run_step(work: Path, command: list, name: str, bench: str,
 
 def print_machine(bench: str) -> None:
     """The bench's first lines: time, CPU model and count, load, flags, library versions."""
-    model, flags = cpu_facts()
-    print(f"{bench}: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} (other users' work)")
-    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
+    model, flags = machine.cpu_facts()
+    print(f"{bench}: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, {machine.cores()} CPUs, "
+          f"load average {machine.load():.1f} (other users' work)")
+    print("  CPU flags: " + machine.flags_text(flags))
     print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()), flush=True)
 
 
