@@ -123,6 +123,7 @@ def parse_args(argv=None):
     args.work = Path(args.work).resolve()
     # what bench_finetune's helpers read from args
     args.model, args.activation, args.copies, args.init = "checkpoint", "gelu", 1, ""
+    args.threads = 0  # the children's thread pools as their libraries choose
     return args
 
 

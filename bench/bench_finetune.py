@@ -99,7 +99,7 @@ from bench.finetune_data import (  # noqa: F401
     variant,
     write_tsv,
 )
-from bench import machine
+from bench import machine, protocol
 from bench.finetune_peer import PEER_ACT, compare_pooled, compare_tokenizers, peer_main
 from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the tests)
     PHASES,
@@ -115,7 +115,7 @@ from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the
 
 NAME = "bench-finetune"  # in the errors of the helpers bench/bench_checkpoint.py shares
 VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accelerate")
-QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256}
+QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256, "repeat": 2, "copies": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--copies", type=int, default=8,
                         help="the memory run's training rows, in multiples of the 1x rows")
     parser.add_argument("--work", default="runs/bench-finetune", help="emptied first")
+    protocol.add_arguments(parser)
     machine.add_quick(parser, QUICK)
     parser.add_argument("--role", choices=("init", "peer"), help=argparse.SUPPRESS)
     return parser
@@ -154,6 +155,7 @@ def parse_args(argv=None):
     args = machine.apply_quick(parser.parse_args(argv), QUICK, argv)
     if args.steps < 1 or args.batch_size < 1 or args.copies < 2:
         parser.error("--steps and --batch-size must be >= 1, --copies >= 2")
+    protocol.check_arguments(parser, args)
     args.work = Path(args.work).resolve()
     return args
 
@@ -176,6 +178,8 @@ def print_header(args) -> None:
           f"{args.dropout:g}, seed {args.seed}, {args.activation}, memory at 1x and "
           f"{args.copies}x{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}",
           flush=True)
+    print(f"  protocol: {args.repeat} round(s), ours then transformers in each, every run a fresh "
+          f"process; {protocol.threads_text(args.threads)}", flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -196,12 +200,14 @@ def sample_rss(pid: int, started: float, samples: list, stop: threading.Event) -
             samples.append((time.perf_counter() - started, resident * page_mib))
 
 
-def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True) -> dict:
-    """Runs `command` from the repository root; returns its exit code, wall seconds, peak RSS
-    (MiB, wait4) and RSS samples, CPU seconds and its output lines with the seconds at which
-    each arrived."""
+def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True,
+              threads: int = 0) -> dict:
+    """Runs `command` from the repository root (its thread pools pinned to `threads` when
+    given: bench/protocol.py); returns its exit code, wall seconds, peak RSS (MiB, wait4) and
+    RSS samples, CPU seconds and its output lines with the seconds at which each arrived."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
-               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+               **(protocol.thread_env(threads) if threads else {}))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     lines, rss, stop = [], [], threading.Event()
     started, load = time.perf_counter(), os.getloadavg()[0]
@@ -421,8 +427,8 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
     log = args.work / "logs" / f"ours_{name}.log"
     show = lambda line: re.search(r"finetune: (epoch|test|step|\S+ on )", line)
     child = check(run_child(our_command(args, settings, train_file, rows, run_dir), log,
-                            f"  ours {name}| ", show), f"our finetune stage ({name})", log,
-                  bench)
+                            f"  ours {name}| ", show, threads=args.threads),
+                  f"our finetune stage ({name})", log, bench)
     metrics = json.loads((run_dir / "finetune" / "bench" / "metrics.json").read_text())
     marks = timeline(child["lines"])
     result = {"rows": rows, "wall": child["wall"], "peak_rss_mib": child["peak_rss_mib"],
@@ -442,12 +448,13 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
 # ---------------------------------------------------------------------------
 # Theirs: transformers' Trainer (a child process of this file; bench/finetune_peer.py)
 # ---------------------------------------------------------------------------
-def run_peer(args, settings: dict, bench: str = NAME) -> dict:
+def run_peer(args, settings: dict, bench: str = NAME, name: str = "peer") -> dict:
     """The peer (bench/finetune_peer.py's peer_main) in a child process of this file; its
-    peer.json with the process's wall, CPU and memory figures."""
-    log = args.work / "logs" / "peer.log"
+    peer.json with the process's wall, CPU and memory figures (logs/<name>.log)."""
+    log = args.work / "logs" / f"{name}.log"
     child = check(run_child(self_command(args, "peer"), log, "  transformers| ",
-                            lambda line: False), "transformers' Trainer", log, bench)
+                            lambda line: False, threads=args.threads),
+                  "transformers' Trainer", log, bench)
     found = json.loads((Path(settings["peer_dir"]) / "peer.json").read_text())
     found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"], cpu_s=child["cpu_s"],
                  load=child["load"])
@@ -506,12 +513,19 @@ def main(argv=None) -> int:
     (args.work / "settings.json").write_text(json.dumps(settings, indent=2))
     test_rows = read_tsv(args.work / "data" / "test.tsv")
 
-    ours1 = run_ours(args, settings, "x1", "train.tsv", counts["train"])
-    ours1.update(our_quality(args.work / "ours_x1", split["labels"], test_rows))
-    peer = run_peer(args, settings)
+    def ours(index: int) -> dict:
+        name = f"x1_r{index + 1}"
+        found = run_ours(args, settings, name, "train.tsv", counts["train"])
+        found.update(our_quality(args.work / f"ours_{name}", split["labels"], test_rows))
+        return found
+
+    rounds = protocol.run_rounds(
+        (("ours", ours), ("transformers", lambda index: run_peer(
+            args, settings, name=f"peer_r{index + 1}"))),
+        args.repeat, log=lambda line: print(f"  {line}", flush=True))
     ours_big = run_ours(args, settings, f"x{args.copies}", f"train_x{args.copies}.tsv",
                         counts["train_big"])
-    line = report(args, split, test_rows, init, ours1, peer, ours_big)
+    line = report(args, split, test_rows, init, rounds, ours_big)
     print(f"(whole bench {time.perf_counter() - started:.0f} s; logs and files in {args.work})")
     print(line)
     return 0

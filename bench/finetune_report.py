@@ -2,6 +2,10 @@
 its contenders and quality tables too): the same-work comparison of both runs, where the time
 goes (cut at the same steps), our memory by part of the run, the test-set quality (macro-F1,
 a paired bootstrap of the gap), the goals met or missed, and result.json.
+
+The race runs in rounds (bench/protocol.py): the rounds table and the headline line give each
+figure's median over the rounds (min-max beside it); the tables after it show the round whose
+speed-ratio is the median one.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+
+from bench import protocol
 
 GOALS = {"speed": 1.5, "metric": 0.01, "memory": 1.15}
 RSS_EVERY = 0.25  # seconds between samples of our stage's RSS (bench_finetune.sample_rss)
@@ -88,7 +94,8 @@ def print_breakdown(args, counts: dict, ours: dict, peer: dict) -> dict:
     print(f"  transformers: imports {t['imports']:.1f}; tokenize {t['tokenize']:.1f}; load "
           f"{t['load']:.1f}; steps + validation {t['train']:.1f} (validation "
           f"{peer['eval_seconds']:.1f}); test {t['test']:.1f}; process {peer['wall']:.1f}; "
-          f"torch threads {peer['threads']}")
+          f"torch threads {peer['threads']}"
+          + (f" (inter-op {peer['pools']['inter_op']})" if "pools" in peer else ""))
     if segments:
         print_segments(args, segments)
     if parts:
@@ -204,19 +211,73 @@ def print_goals(args, ratio: float, diff: float, growth: float, breakdown: dict)
               "--seed values show how far each side moves from run to run")
 
 
-def report(args, split: dict, test_rows: list, init: dict, ours1: dict, peer: dict,
+def round_figures(args, rounds: list) -> list:
+    """Per round: the load before it, both sides' examples/s and test macro-F1, the ratio."""
+    examples = args.steps * args.batch_size
+    out = []
+    for r in rounds:
+        ours, peer = r["results"]["ours"], r["results"]["transformers"]
+        ours_eps, peer_eps = examples / ours["fit"], examples / peer["times"]["train"]
+        out.append({"round": r["round"], "load": r["load"], "busy": r["busy"],
+                    "ours_eps": ours_eps, "peer_eps": peer_eps, "ratio": ours_eps / peer_eps,
+                    "ours_macro_f1": ours["macro_f1"], "peer_macro_f1": peer["macro_f1"],
+                    "ours_seconds": ours["fit"], "peer_seconds": peer["times"]["train"]})
+    return out
+
+
+def print_rounds(figures: list, rounds: list, threads: int) -> dict:
+    """The rounds table and each figure's median (min-max); returns the medians' spreads."""
+    print(f"\nrounds ({len(figures)}, ours then transformers in each, {threads} thread(s) each "
+          f"side; load: the 1-minute load average before the round)")
+    print(f"  {'round':>5}{'load':>7}{'ours ex/s':>11}{'theirs ex/s':>13}{'ratio':>7}"
+          f"{'ours F1':>9}{'theirs F1':>11}")
+    for f in figures:
+        print(f"  {f['round']:5d}{f['load']:7.2f}{f['ours_eps']:11.1f}{f['peer_eps']:13.1f}"
+              f"{f['ratio']:7.2f}{f['ours_macro_f1']:9.4f}{f['peer_macro_f1']:11.4f}"
+              + ("  BUSY" if f["busy"] else ""))
+    keys = ("ours_eps", "peer_eps", "ratio", "ours_macro_f1", "peer_macro_f1", "ours_seconds",
+            "peer_seconds")
+    spreads = {k: protocol.spread([f[k] for f in figures]) for k in keys}
+    text = lambda k, spec: protocol.spread_text([f[k] for f in figures], spec)
+    print(f"  median (min-max): examples/s ours {text('ours_eps', '.1f')}, transformers "
+          f"{text('peer_eps', '.1f')}; speed-ratio {text('ratio', '.2f')}; test macro-F1 ours "
+          f"{text('ours_macro_f1', '.4f')}, transformers {text('peer_macro_f1', '.4f')}")
+    note = protocol.busy_note(rounds)
+    if note:
+        print(f"  {note}")
+    return spreads
+
+
+def median_round(rounds: list, figures: list) -> dict:
+    """The round whose speed-ratio is the median one (the lower middle for an even count)."""
+    order = sorted(range(len(figures)), key=lambda i: figures[i]["ratio"])
+    return rounds[order[(len(order) - 1) // 2]]
+
+
+def report(args, split: dict, test_rows: list, init: dict, rounds: list,
            ours_big: dict) -> str:
+    """The race's report from its rounds (bench/protocol.py run_rounds: results "ours" and
+    "transformers") and the memory run; returns the headline line (medians)."""
     counts = split["counts"]
+    figures = round_figures(args, rounds)
+    spreads = print_rounds(figures, rounds, args.threads)
+    shown = median_round(rounds, figures)
+    ours1, peer = shown["results"]["ours"], shown["results"]["transformers"]
+    if len(rounds) > 1:
+        print(f"\nthe median round (by speed-ratio): round {shown['round']}")
     speed = print_contenders(args, counts, ours1, peer)
     breakdown = print_breakdown(args, counts, ours1, peer)
     print_quality(split["labels"], test_rows, ours1, peer)
     growth = print_memory(args, counts, ours1, ours_big)
-    diff = abs(ours1["macro_f1"] - peer["macro_f1"])
-    print_goals(args, speed["ratio"], diff, growth, breakdown)
-    line = (f"bench-finetune: metric {ours1['macro_f1']:.4f} transformers {peer['macro_f1']:.4f} "
-            f"speed-ratio {speed['ratio']:.2f} memory-growth {growth:.2f}")
+    metric, theirs = spreads["ours_macro_f1"]["median"], spreads["peer_macro_f1"]["median"]
+    ratio = spreads["ratio"]["median"]
+    print_goals(args, ratio, abs(metric - theirs), growth, breakdown)
+    line = (f"bench-finetune: metric {metric:.4f} transformers {theirs:.4f} "
+            f"speed-ratio {ratio:.2f} memory-growth {growth:.2f}")
     (args.work / "result.json").write_text(json.dumps({
         "settings": {k: str(v) for k, v in vars(args).items()}, "counts": counts, "init": init,
+        "protocol": protocol.record(rounds, args.threads), "rounds": figures,
+        "medians": spreads, "median_round": shown["round"],
         "ours": ours1, "ours_big": ours_big, "transformers": peer, "speed": speed,
         "breakdown": breakdown, "memory_growth": growth, "line": line}, indent=2, default=str))
     return line

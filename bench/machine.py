@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -99,13 +98,13 @@ def facts(names=()) -> dict:
 # ---------------------------------------------------------------------------
 # --quick
 # ---------------------------------------------------------------------------
-def add_quick(parser: argparse.ArgumentParser, quick: dict, help: str = "") -> None:
+def add_quick(parser, quick: dict, help: str = "") -> None:
     """The `--quick` switch: `quick` ({dest: value}) unless the option was given."""
     parser.add_argument("--quick", action="store_true",
                         help=help or f"try it: {quick} unless given")
 
 
-def apply_quick(args: argparse.Namespace, quick: dict, argv=None) -> argparse.Namespace:
+def apply_quick(args, quick: dict, argv=None):
     """With --quick, each of `quick` whose option (--dest-with-dashes, or --opt=value) is not
     on the command line (`argv`, else sys.argv) takes its quick value."""
     if getattr(args, "quick", False):

@@ -2,6 +2,7 @@
 sides read, the split, our stage's command line and the timings read from its log lines.
 The race itself (`make bench-finetune`) is not run here."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -147,12 +148,24 @@ def test_report_ends_with_the_line_of_the_issue(tmp_path, capsys):
             "eval_seconds": 2.0, "threads": 2, "wall": 40.0, "peak_rss_mib": 700.0, "cpu_s": 40,
             "load": (1.0, 1.0), "macro_f1": 0.5, "accuracy": 0.5, "validation_macro_f1": 0.4,
             "predicted": ["a", "a", "b", "a"]}
-    args = SimpleNamespace(steps=40, batch_size=32, seq_len=128, copies=8, work=tmp_path)
+    args = SimpleNamespace(steps=40, batch_size=32, seq_len=128, copies=8, work=tmp_path,
+                           threads=2)
     split = {"counts": {"train": 1000, "validation": 200, "test": 100, "train_big": 8000},
              "labels": labels}
-    line = bench.report(args, split, test_rows, {}, ours, peer, big)
+    # three rounds: their seconds 48, 32, 16 against our 16 (ratios 3, 2, 1); round 3 busy
+    slower = {**peer, "times": {**peer["times"], "train": 48.0}, "macro_f1": 0.6}
+    faster = {**peer, "times": {**peer["times"], "train": 16.0}, "macro_f1": 0.4}
+    rounds = [{"round": i + 1, "load": load, "cores": 2, "busy_above": 2, "busy": load > 2,
+               "order": ["ours", "transformers"], "results": {"ours": ours, "transformers": p}}
+              for i, (load, p) in enumerate(((0.5, slower), (1.0, peer), (3.5, faster)))]
+    line = bench.report(args, split, test_rows, {}, rounds, big)
     printed = capsys.readouterr().out
     assert line == "bench-finetune: metric 0.7333 transformers 0.5000 speed-ratio 2.00 " \
                    "memory-growth 1.10"
+    assert "speed-ratio 2.00 (1.00-3.00)" in printed and "BUSY: round(s) 3 of 3" in printed
+    assert "the median round (by speed-ratio): round 2" in printed
     assert "steady steps: ours 200 ms/step, transformers 500 ms/step" in printed
-    assert (tmp_path / "result.json").is_file()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["protocol"]["busy_rounds"] == [3] and result["protocol"]["threads"] == 2
+    assert [r["ratio"] for r in result["rounds"]] == [3.0, 2.0, 1.0]
+    assert result["medians"]["peer_macro_f1"]["min"] == 0.4 and result["median_round"] == 2
