@@ -123,7 +123,7 @@ def parse_args(argv=None):
     args.work = Path(args.work).resolve()
     # what bench_finetune's helpers read from args
     args.model, args.activation, args.copies, args.init = "checkpoint", "gelu", 1, ""
-    args.threads = 0  # the children's thread pools as their libraries choose
+    args.threads, args.hold_in_memory = 0, False  # pools as the libraries choose; streaming
     return args
 
 

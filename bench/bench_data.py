@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import machine as machine_facts  # noqa: E402
+from bench import protocol  # noqa: E402
 
 SETTINGS = dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=1,
                 masked_lm_prob=0.15, short_seq_prob=0.1, seed=12345)
@@ -80,28 +81,6 @@ def machine() -> str:
 # ---------------------------------------------------------------------------
 # Measuring a subprocess
 # ---------------------------------------------------------------------------
-def _tree_rss(pid: int) -> int:
-    """Total RSS (bytes) of `pid` and its descendants."""
-    children = collections.defaultdict(list)
-    rss = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            children[int(fields[1])].append(int(entry))
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        total += rss.get(current, 0)
-        stack.extend(children.get(current, []))
-    return total
-
-
 def measure(command: list[str], log_path: Path, env=None) -> dict:
     """Runs `command`; returns wall seconds, peak tree RSS and the largest single-process
     RSS (from wait4)."""
@@ -114,7 +93,7 @@ def measure(command: list[str], log_path: Path, env=None) -> dict:
 
         def sample():
             while not done.is_set():
-                peak[0] = max(peak[0], _tree_rss(process.pid))
+                peak[0] = max(peak[0], protocol.tree_rss(process.pid))
                 done.wait(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)

@@ -79,7 +79,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -106,6 +105,7 @@ from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the
     RSS_EVERY,
     fit_segments,
     macro_f1,
+    memory_goal,
     our_parts,
     paired_bootstrap,
     print_contenders,
@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cap on the rows of each split (0: all), seeded")
     parser.add_argument("--copies", type=int, default=8,
                         help="the memory run's training rows, in multiples of the 1x rows")
+    parser.add_argument("--hold-in-memory", action="store_true",
+                        help="our stage's process also holds its training split's texts and "
+                             "int32 features (what a stage that did not stream would hold): "
+                             "the memory goal must then fail")
     parser.add_argument("--work", default="runs/bench-finetune", help="emptied first")
     protocol.add_arguments(parser)
     machine.add_quick(parser, QUICK)
@@ -188,48 +192,35 @@ def print_header(args) -> None:
 NOISE = ("I0000", "W0000", "E0000", "WARNING: All log", "Loading weights")
 
 
-def sample_rss(pid: int, started: float, samples: list, stop: threading.Event) -> None:
-    """(seconds, MiB) of `pid`'s resident set every RSS_EVERY seconds until `stop`."""
-    page_mib = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-    while not stop.wait(RSS_EVERY):
-        try:
-            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            return
-        if resident:
-            samples.append((time.perf_counter() - started, resident * page_mib))
-
-
 def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True,
               threads: int = 0) -> dict:
     """Runs `command` from the repository root (its thread pools pinned to `threads` when
-    given: bench/protocol.py); returns its exit code, wall seconds, peak RSS (MiB, wait4) and
-    RSS samples, CPU seconds and its output lines with the seconds at which each arrived."""
+    given: bench/protocol.py); returns its exit code, wall seconds, its own peak RSS (MiB,
+    wait4), the RSS of its whole process tree (samples every RSS_EVERY seconds and their peak:
+    Beam workers and other children count), CPU seconds and its output lines with the seconds
+    at which each arrived."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                **(protocol.thread_env(threads) if threads else {}))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    lines, rss, stop = [], [], threading.Event()
-    started, load = time.perf_counter(), os.getloadavg()[0]
+    lines = []
+    started, load = time.perf_counter(), machine.load()
     with open(log_path, "w", encoding="utf-8") as log, subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True) as process:
-        sampler = threading.Thread(target=sample_rss, args=(process.pid, started, rss, stop),
-                                   daemon=True)
-        sampler.start()
-        log.write(" ".join(map(str, command)) + "\n")
-        for line in process.stdout:
-            at = time.perf_counter() - started
-            lines.append((at, line.rstrip("\n")))
-            log.write(f"{at:9.3f} {line}")
-            if not line.startswith(NOISE) and show(line):
-                print(f"{prefix}{line}", end="", flush=True)
-        stop.set()
-        sampler.join()
+        with protocol.TreeSampler(process.pid, RSS_EVERY, started) as tree:
+            log.write(" ".join(map(str, command)) + "\n")
+            for line in process.stdout:
+                at = time.perf_counter() - started
+                lines.append((at, line.rstrip("\n")))
+                log.write(f"{at:9.3f} {line}")
+                if not line.startswith(NOISE) and show(line):
+                    print(f"{prefix}{line}", end="", flush=True)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
     return {"code": process.returncode, "wall": time.perf_counter() - started, "lines": lines,
-            "rss": rss, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "rss": tree.samples, "peak_tree_mib": max(tree.peak_mib, usage.ru_maxrss / 1024),
+            "peak_rss_mib": usage.ru_maxrss / 1024,
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "load": (load, os.getloadavg()[0])}
 
@@ -345,6 +336,30 @@ LAST = ("epoch", "wrote")  # marks taken at their last line (the others at their
 PROGRESS = re.compile(r"finetune: step (\d+)/\d+")
 
 
+# Runs a module (sys.argv[3:]: name, arguments) in a process that first holds what a stage that
+# materialized its training split would (hold_features of the TSV sys.argv[1], seq sys.argv[2]).
+HOLD = ("import runpy, sys; from bench.bench_finetune import hold_features; "
+        "held = hold_features(sys.argv[1], int(sys.argv[2])); sys.argv = sys.argv[3:]; "
+        "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def hold_features(train_file, seq_len: int) -> tuple:
+    """(--hold-in-memory, in the stage's process) The training rows (texts, labels) and an
+    int32 array of their features (token ids, segment ids, padding mask: rows x 3 x seq_len),
+    every page written."""
+    import numpy as np
+
+    rows = read_tsv(Path(train_file))
+    return rows, np.ones((len(rows), 3, seq_len), dtype=np.int32)
+
+
+def holding(command: list, train_file: Path, seq_len: int) -> list:
+    """`command` (python -m MODULE ...) run under HOLD."""
+    if command[1] != "-m":
+        raise ValueError(f"not a python -m command: {command[:3]}")
+    return [command[0], "-c", HOLD, str(train_file), str(seq_len), *command[2:]]
+
+
 def our_command(args, settings: dict, train_file: str, rows: int, run_dir: Path) -> list:
     steps_per_epoch = math.ceil(rows / args.batch_size)
     data = Path(settings["data"])
@@ -369,8 +384,11 @@ def our_command(args, settings: dict, train_file: str, rows: int, run_dir: Path)
         "finetune.baselines": "false", "finetune.random_init_baseline": "false",
         "finetune.register_model": "false",
     }
-    return [sys.executable, "-m", "pipeline", "finetune", "--force", "--config",
-            "configs/finetune_brown.yaml", *(f"{k}={v}" for k, v in overrides.items())]
+    command = [sys.executable, "-m", "pipeline", "finetune", "--force", "--config",
+               "configs/finetune_brown.yaml", *(f"{k}={v}" for k, v in overrides.items())]
+    if args.hold_in_memory:
+        return holding(command, data / train_file, args.seq_len)
+    return command
 
 
 def timeline(lines: list) -> dict:
@@ -432,6 +450,7 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
     metrics = json.loads((run_dir / "finetune" / "bench" / "metrics.json").read_text())
     marks = timeline(child["lines"])
     result = {"rows": rows, "wall": child["wall"], "peak_rss_mib": child["peak_rss_mib"],
+              "peak_tree_mib": child["peak_tree_mib"],
               "cpu_s": child["cpu_s"], "load": child["load"], "marks": marks,
               "rss_by_phase": phase_peaks(child["rss"], marks), "metrics_train_seconds":
               metrics.get("train_seconds"), "stage_macro_f1": metrics["test"].get("macro_f1"),
@@ -456,7 +475,8 @@ def run_peer(args, settings: dict, bench: str = NAME, name: str = "peer") -> dic
                             lambda line: False, threads=args.threads),
                   "transformers' Trainer", log, bench)
     found = json.loads((Path(settings["peer_dir"]) / "peer.json").read_text())
-    found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"], cpu_s=child["cpu_s"],
+    found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"],
+                 peak_tree_mib=child["peak_tree_mib"], cpu_s=child["cpu_s"],
                  load=child["load"])
     found["eval_seconds"] = sum(e["seconds"] for e in found["evaluations"])
     kept = max(found["evaluations"], key=lambda e: e.get("eval_accuracy", -1.0), default={})

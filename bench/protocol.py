@@ -12,13 +12,18 @@
   decays over about a minute, so the previous contender's own work shows in it too.
 - every figure is reported as its median over the rounds with the min-max beside it
   (`spread`, `spread_text`); a headline line reports medians.
+- memory is the whole process tree's: the resident sets of a contender and of every process
+  below it (Beam workers, tokenizer pools) summed (`tree_rss`), sampled while it runs
+  (`TreeSampler`), its peak the largest sum seen.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import statistics
 import subprocess
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -162,3 +167,64 @@ def busy_note(rounds: list[dict]) -> str:
         return ""
     return (f"BUSY: round(s) {', '.join(map(str, busy))} of {len(rounds)} started above a load "
             f"of {rounds[0]['busy_above']:g}: their figures are suspect")
+
+
+# ---------------------------------------------------------------------------
+# Whole-process memory
+# ---------------------------------------------------------------------------
+def tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and all its descendants, summed (read from /proc; 0 where the
+    process is gone)."""
+    children, rss = collections.defaultdict(list), {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            children[int(fields[1])].append(int(entry))
+            rss[int(entry)] = int(fields[21]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    total, stack, seen = 0, [pid], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        total += rss.get(current, 0)
+        stack.extend(children.get(current, []))
+    return total
+
+
+class TreeSampler:
+    """Samples tree_rss(pid) every `every` seconds in a thread, from `with` until its end:
+    `samples` [(seconds since `started`, MiB)], `peak_mib` the largest."""
+
+    def __init__(self, pid: int, every: float = 0.25, started: float | None = None):
+        self.pid, self.every = pid, every
+        self.started = time.perf_counter() if started is None else started
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            resident = tree_rss(self.pid)
+            if resident:
+                self.samples.append((time.perf_counter() - self.started, resident / 2 ** 20))
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> "TreeSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mib(self) -> float:
+        return max((mib for _, mib in self.samples), default=0.0)
