@@ -213,7 +213,7 @@ def test_holding_the_features_fails_the_memory_goal_and_streaming_meets_it(tmp_p
 
 def test_the_tree_rss_counts_a_grandchild(tmp_path):
     """protocol.tree_rss sums the process tree: a grandchild holding 200 MB counts."""
-    grandchild = "x = bytearray(200 * 2 ** 20); import time; time.sleep(1.5)"
+    grandchild = "x = b'x' * (200 * 2 ** 20); import time; time.sleep(1.5)"
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
     process = subprocess.Popen([sys.executable, "-c", parent])
     with protocol.TreeSampler(process.pid, 0.05) as tree:
