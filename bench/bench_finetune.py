@@ -1,7 +1,7 @@
 """Fine-tuning race: our finetune stage vs Hugging Face transformers' Trainer, same work, on CPU.
 
     make bench-finetune                                  # BERT-mini, seq 128, batch 32, 214 steps
-    python bench/bench_finetune.py --quick               # a few steps on a few rows: ~2 minutes
+    python bench/bench_finetune.py --quick               # a few steps on a few rows, 2 rounds
     python bench/bench_finetune.py --steps 400 --seq-len 64 --model small
     python bench/bench_finetune.py --init path/to/hf_dir_or_model.keras   # an imported checkpoint
 
@@ -35,8 +35,14 @@ The same work on both sides:
   epoch end, no checkpoints), in its own process, tokenized by `BertTokenizerFast` on the
   same vocab.txt and casing.
 
-What each timing covers (each contender runs alone, one after the other, in a fresh process;
-times of our stage come from when its log lines reach this process):
+The race runs in `--repeat` rounds (bench/protocol.py): in each, ours then theirs, each alone
+in a fresh process, with the thread pools of both pinned to `--threads` (TensorFlow intra- and
+inter-op, torch, OpenMP) through the children's environment; the load average before each
+round is printed and a round that starts above one per core is flagged BUSY (also in
+result.json). Every figure of the rounds table is a median with its min-max; the tables after
+it show the median round (by speed-ratio).
+
+What each timing covers (times of our stage come from when its log lines reach this process):
 - headline seconds = the steps + the end-of-epoch validation passes, from just before
   training starts (model built and compiled, features made) to the end of the last epoch's
   validation: ours from its "... parameters ...; N steps" line to its last "epoch" line (graph
@@ -49,15 +55,21 @@ times of our stage come from when its log lines reach this process):
   evaluation rows/s; and the whole process (start-up, features, test, export).
 - not the same, and counted against us: our stage writes a checkpoint at each epoch end
   (finetune.checkpoint_every = 0 still does; Trainer here saves none), inside the headline.
-- memory: the peak RSS of our stage's process (wait4's ru_maxrss) at 1x the training rows and
-  at `--copies`x (the training documents' passages again, cut at other sentence offsets and
-  with the sentences of each document shuffled by other seeds), same steps, same validation
-  and test files; memory-growth = the second / the first. The peer's peak RSS at 1x is shown.
+- memory: the peak RSS of our stage's whole process tree (its own and every child's, Beam
+  workers included, summed; sampled every 0.25 s) at 1x the training rows and at `--copies`x
+  (the training documents' passages again, cut at other sentence offsets and with the
+  sentences of each document shuffled by other seeds), same steps, same validation and test
+  files, run once after the rounds; memory-growth = the second / the first, and the growth in
+  MiB per 10,000 added rows. `--hold-in-memory` runs the stage in a process that first holds
+  the training split's texts and int32 features, as a stage that did not stream would: the
+  per-row goal then fails. The peer's peak RSS at 1x is shown.
 
 The last line reads
 `bench-finetune: metric <ours> transformers <theirs> speed-ratio <r> memory-growth <m>`:
-test macro-F1 of both, r = our headline examples/s / theirs, m as above. Goals: r >= 1.5,
-|ours - theirs| <= 0.01, m <= 1.15; for a missed goal the lines before say where it goes.
+the medians over the rounds of the test macro-F1 of both and of r = our headline examples/s /
+theirs, m as above. Goals: r >= 1.5, |ours - theirs| <= 0.01, m <= 1.15, and less memory per
+added training row than the row's int32 features (3 x 4 x seq bytes); for a missed goal the
+lines before say where it goes.
 Also printed for the quality: accuracy, validation macro-F1, per-class F1, the share of test
 rows both label alike, and a paired bootstrap interval of the macro-F1 gap over the test rows
 (the noise of the test sample; one training run per side says nothing of the seed's noise).
