@@ -267,7 +267,8 @@ def main(argv=None) -> int:
                 results["reference", size].append(result)
                 print(f"  run {repeat + 1} reference {size}x: {result['wall_s']:6.1f} s wall, "
                       f"{result['cpu_s']:6.1f} s CPU, peak {result['peak_mb']:6.0f} MB, "
-                      f"{result['instances']:,} instances (load {machine_facts.load_text()})", flush=True)
+                      f"{result['instances']:,} instances (load {machine_facts.load_text()})",
+                      flush=True)
 
     def best(name, size, key):
         return min(r[key] for r in results[name, size])

@@ -21,7 +21,7 @@ GOALS = {"speed": 1.5, "metric": 0.01, "memory": 1.15}
 # ids, padding mask: 3 x 4 x seq_len bytes): a stage that held its split's features would grow
 # by at least that much per row on top of what it holds now, and so miss it.
 FEATURE_ARRAYS = 3
-RSS_EVERY = 0.25  # seconds between samples of our stage's RSS (bench_finetune.sample_rss)
+RSS_EVERY = 0.25  # seconds between samples of our stage's tree RSS (protocol.TreeSampler)
 # The parts of our stage's run, cut at its log lines (bench_finetune.MARKS): memory by part.
 PHASES = (("start-up", None, "data"), ("encoder, features", "data", "built"),
           ("steps + validation", "built", "epoch"), ("test", "epoch", "test"),

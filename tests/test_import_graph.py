@@ -129,7 +129,8 @@ def _write(root: Path, files: dict) -> None:
 def test_the_check_finds_a_circle_through_type_checking_and_function_imports(tmp_path):
     _write(tmp_path, {
         "pkg/__init__.py": "",
-        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n",
+        "pkg/a.py": ("from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n    from pkg.b import B\n"),
         "pkg/b.py": "def f():\n    from pkg import c\n",
         "pkg/c.py": "from . import a\nimport os\n",
         "pkg/d.py": "import pkg.a\n",  # into the circle, not part of it
