@@ -99,7 +99,8 @@ sys.path.insert(0, str(ROOT))
 
 # The data both sides read (bench/finetune_data.py; the helpers the race itself does not call
 # are re-exported for bench/bench_checkpoint.py and the tests) and the transformers peer
-# (bench/finetune_peer.py).
+# (bench/finetune_peer.py); the machine's facts and the race protocol.
+from bench import machine, protocol
 from bench.finetune_data import (  # noqa: F401
     BROWN,
     cap,
@@ -110,7 +111,6 @@ from bench.finetune_data import (  # noqa: F401
     variant,
     write_tsv,
 )
-from bench import machine, protocol
 from bench.finetune_peer import PEER_ACT, compare_pooled, compare_tokenizers, peer_main
 from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the tests)
     PHASES,
