@@ -69,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import bench_finetune as bf  # child runs, CPU facts, versions
 from bench import checkpoint_fetch as fetch
+from bench import machine
 from bench.bench_checkpoint import baselines_on_tsv, heldout_before_after, json_block
 from bench.finetune_data import BROWN, cap, write_tsv
 
@@ -126,19 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-seed", type=int, default=12345,
                    help="seed of the --max-train and --dapt-max-docs samples")
     p.add_argument("--work", default="runs/bench-adapt", help="emptied first")
-    p.add_argument("--quick", action="store_true",
-                   help=f"check the flow: {QUICK} unless given; not the goal's figures")
+    machine.add_quick(p, QUICK, f"check the flow: {QUICK} unless given; not the goal's figures")
     return p
 
 
 def parse_args(argv=None):
     p = build_parser()
-    args = p.parse_args(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
-        for key, value in QUICK.items():
-            if f"--{key.replace('_', '-')}" not in given:
-                setattr(args, key, value)
+    args = machine.apply_quick(p.parse_args(argv), QUICK, argv)
     try:
         args.seeds = parse_seeds(args.seeds)
     except ValueError as err:

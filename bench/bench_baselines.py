@@ -36,16 +36,15 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("bm25s").setLevel(logging.WARNING)
 
-    from bench.bench_train import cpu_flags, cpu_model
+    from bench import machine
     from pipeline.config import ConfigError, load
     from pipeline.finetuning import baselines, tasks
     from pipeline.finetuning import data as finetune_data
     from pipeline.finetuning.readers import FinetuneDataError
 
-    flags = cpu_flags()
-    print(f"bench-baselines: CPU {cpu_model()} ({platform.machine()}); flags: " +
-          ", ".join(f"{f} {'yes' if f in flags else 'no'}"
-                    for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")))
+    model, flags = machine.cpu_facts()
+    print(f"bench-baselines: CPU {model} ({platform.machine()}); flags: "
+          + machine.flags_text(flags, ", "))
     try:
         fc = load(args.config, args.overrides).finetune
         data = finetune_data.load_task(fc)

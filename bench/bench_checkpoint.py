@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import bench_finetune as bf  # our stage and the peer run, timings, CPU facts
 from bench import checkpoint_fetch as fetch
+from bench import machine
 from bench.finetune_data import BROWN, make_splits, read_tsv
 from bench.finetune_peer import compare_pooled, compare_tokenizers
 
@@ -104,19 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search a seeded sample of this many documents (0: all 500, via the "
                         "retrieval-eval command)")
     p.add_argument("--work", default="runs/bench-checkpoint", help="emptied first")
-    p.add_argument("--quick", action="store_true", help=f"try it: {QUICK} unless given")
+    machine.add_quick(p, QUICK)
     p.add_argument("--role", choices=("check", "search"), help=argparse.SUPPRESS)
     return p
 
 
 def parse_args(argv=None):
     p = build_parser()
-    args = p.parse_args(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
-        for key, value in QUICK.items():
-            if f"--{key.replace('_', '-')}" not in given:
-                setattr(args, key, value)
+    args = machine.apply_quick(p.parse_args(argv), QUICK, argv)
     if min(args.steps, args.batch_size, args.seq_len, args.search_seq_len) < 1 \
             or args.cpt_minutes < 0 or args.search_documents < 0:
         p.error("--steps, --batch-size and the sequence lengths must be >= 1, --cpt-minutes and "
@@ -127,6 +123,7 @@ def parse_args(argv=None):
     args.work = Path(args.work).resolve()
     # what bench_finetune's helpers read from args
     args.model, args.activation, args.copies, args.init = "checkpoint", "gelu", 1, ""
+    args.threads, args.hold_in_memory = 0, False  # pools as the libraries choose; streaming
     return args
 
 

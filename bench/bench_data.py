@@ -33,7 +33,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -42,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench import machine as machine_facts  # noqa: E402
+from bench import protocol  # noqa: E402
 
 SETTINGS = dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=1,
                 masked_lm_prob=0.15, short_seq_prob=0.1, seed=12345)
@@ -73,46 +75,12 @@ def default_reference() -> str:
 
 def machine() -> str:
     """CPU model, cores, the vector flags that matter, load average."""
-    model, flags = platform.processor() or "?", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    flag_text = " ".join(wanted) or "none of avx2/avx512f/avx512_bf16"
-    return f"machine: {model}, {os.cpu_count()} cores, flags {flag_text}, load average {load}"
+    return "machine: " + machine_facts.machine_line()
 
 
 # ---------------------------------------------------------------------------
 # Measuring a subprocess
 # ---------------------------------------------------------------------------
-def _tree_rss(pid: int) -> int:
-    """Total RSS (bytes) of `pid` and its descendants."""
-    children = collections.defaultdict(list)
-    rss = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            children[int(fields[1])].append(int(entry))
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        total += rss.get(current, 0)
-        stack.extend(children.get(current, []))
-    return total
-
-
 def measure(command: list[str], log_path: Path, env=None) -> dict:
     """Runs `command`; returns wall seconds, peak tree RSS and the largest single-process
     RSS (from wait4)."""
@@ -125,7 +93,7 @@ def measure(command: list[str], log_path: Path, env=None) -> dict:
 
         def sample():
             while not done.is_set():
-                peak[0] = max(peak[0], _tree_rss(process.pid))
+                peak[0] = max(peak[0], protocol.tree_rss(process.pid))
                 done.wait(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -215,10 +183,6 @@ def run_reference(ref: Path, run_dir: Path, out: Path) -> dict:
     return result
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 # ---------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's parser (docs/cli.md is generated from it)."""
@@ -297,13 +261,14 @@ def main(argv=None) -> int:
                 extra = (f", {result['instances']:,} instances" if "instances" in result else "")
                 print(f"  run {repeat + 1} {stage:9s} {size}x: {result['wall_s']:6.1f} s wall, "
                       f"{result['cpu_s']:6.1f} s CPU, peak {result['peak_mb']:6.0f} MB{extra} "
-                      f"(load {_load()})", flush=True)
+                      f"(load {machine_facts.load_text()})", flush=True)
             if size in ref_sizes:
                 result = run_reference(ref, work / f"run-{size}x", work / f"ref-{size}x")
                 results["reference", size].append(result)
                 print(f"  run {repeat + 1} reference {size}x: {result['wall_s']:6.1f} s wall, "
                       f"{result['cpu_s']:6.1f} s CPU, peak {result['peak_mb']:6.0f} MB, "
-                      f"{result['instances']:,} instances (load {_load()})", flush=True)
+                      f"{result['instances']:,} instances (load {machine_facts.load_text()})",
+                      flush=True)
 
     def best(name, size, key):
         return min(r[key] for r in results[name, size])

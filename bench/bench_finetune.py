@@ -1,7 +1,7 @@
 """Fine-tuning race: our finetune stage vs Hugging Face transformers' Trainer, same work, on CPU.
 
     make bench-finetune                                  # BERT-mini, seq 128, batch 32, 214 steps
-    python bench/bench_finetune.py --quick               # a few steps on a few rows: ~2 minutes
+    python bench/bench_finetune.py --quick               # a few steps on a few rows, 2 rounds
     python bench/bench_finetune.py --steps 400 --seq-len 64 --model small
     python bench/bench_finetune.py --init path/to/hf_dir_or_model.keras   # an imported checkpoint
 
@@ -35,8 +35,14 @@ The same work on both sides:
   epoch end, no checkpoints), in its own process, tokenized by `BertTokenizerFast` on the
   same vocab.txt and casing.
 
-What each timing covers (each contender runs alone, one after the other, in a fresh process;
-times of our stage come from when its log lines reach this process):
+The race runs in `--repeat` rounds (bench/protocol.py): in each, ours then theirs, each alone
+in a fresh process, with the thread pools of both pinned to `--threads` (TensorFlow intra- and
+inter-op, torch, OpenMP) through the children's environment; the load average before each
+round is printed and a round that starts above one per core is flagged BUSY (also in
+result.json). Every figure of the rounds table is a median with its min-max; the tables after
+it show the median round (by speed-ratio).
+
+What each timing covers (times of our stage come from when its log lines reach this process):
 - headline seconds = the steps + the end-of-epoch validation passes, from just before
   training starts (model built and compiled, features made) to the end of the last epoch's
   validation: ours from its "... parameters ...; N steps" line to its last "epoch" line (graph
@@ -49,15 +55,21 @@ times of our stage come from when its log lines reach this process):
   evaluation rows/s; and the whole process (start-up, features, test, export).
 - not the same, and counted against us: our stage writes a checkpoint at each epoch end
   (finetune.checkpoint_every = 0 still does; Trainer here saves none), inside the headline.
-- memory: the peak RSS of our stage's process (wait4's ru_maxrss) at 1x the training rows and
-  at `--copies`x (the training documents' passages again, cut at other sentence offsets and
-  with the sentences of each document shuffled by other seeds), same steps, same validation
-  and test files; memory-growth = the second / the first. The peer's peak RSS at 1x is shown.
+- memory: the peak RSS of our stage's whole process tree (its own and every child's, Beam
+  workers included, summed; sampled every 0.25 s) at 1x the training rows and at `--copies`x
+  (the training documents' passages again, cut at other sentence offsets and with the
+  sentences of each document shuffled by other seeds), same steps, same validation and test
+  files, run once after the rounds; memory-growth = the second / the first, and the growth in
+  MiB per 10,000 added rows. `--hold-in-memory` runs the stage in a process that first holds
+  the training split's texts and int32 features, as a stage that did not stream would: the
+  per-row goal then fails. The peer's peak RSS at 1x is shown.
 
 The last line reads
 `bench-finetune: metric <ours> transformers <theirs> speed-ratio <r> memory-growth <m>`:
-test macro-F1 of both, r = our headline examples/s / theirs, m as above. Goals: r >= 1.5,
-|ours - theirs| <= 0.01, m <= 1.15; for a missed goal the lines before say where it goes.
+the medians over the rounds of the test macro-F1 of both and of r = our headline examples/s /
+theirs, m as above. Goals: r >= 1.5, |ours - theirs| <= 0.01, m <= 1.15, and less memory per
+added training row than the row's int32 features (3 x 4 x seq bytes); for a missed goal the
+lines before say where it goes.
 Also printed for the quality: accuracy, validation macro-F1, per-class F1, the share of test
 rows both label alike, and a paired bootstrap interval of the macro-F1 gap over the test rows
 (the noise of the test sample; one training run per side says nothing of the seed's noise).
@@ -79,9 +91,7 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +99,8 @@ sys.path.insert(0, str(ROOT))
 
 # The data both sides read (bench/finetune_data.py; the helpers the race itself does not call
 # are re-exported for bench/bench_checkpoint.py and the tests) and the transformers peer
-# (bench/finetune_peer.py).
+# (bench/finetune_peer.py); the machine's facts and the race protocol.
+from bench import machine, protocol
 from bench.finetune_data import (  # noqa: F401
     BROWN,
     cap,
@@ -106,6 +117,7 @@ from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the
     RSS_EVERY,
     fit_segments,
     macro_f1,
+    memory_goal,
     our_parts,
     paired_bootstrap,
     print_contenders,
@@ -114,9 +126,8 @@ from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the
 )
 
 NAME = "bench-finetune"  # in the errors of the helpers bench/bench_checkpoint.py shares
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accelerate")
-QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256}
+QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256, "repeat": 2, "copies": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,23 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cap on the rows of each split (0: all), seeded")
     parser.add_argument("--copies", type=int, default=8,
                         help="the memory run's training rows, in multiples of the 1x rows")
+    parser.add_argument("--hold-in-memory", action="store_true",
+                        help="our stage's process also holds its training split's texts and "
+                             "int32 features (what a stage that did not stream would hold): "
+                             "the memory goal must then fail")
     parser.add_argument("--work", default="runs/bench-finetune", help="emptied first")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"try it: {QUICK} unless given")
+    protocol.add_arguments(parser)
+    machine.add_quick(parser, QUICK)
     parser.add_argument("--role", choices=("init", "peer"), help=argparse.SUPPRESS)
     return parser
 
 
 def parse_args(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.quick:
-        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
-        for key, value in QUICK.items():
-            if f"--{key.replace('_', '-')}" not in given:
-                setattr(args, key, value)
+    args = machine.apply_quick(parser.parse_args(argv), QUICK, argv)
     if args.steps < 1 or args.batch_size < 1 or args.copies < 2:
         parser.error("--steps and --batch-size must be >= 1, --copies >= 2")
+    protocol.check_arguments(parser, args)
     args.work = Path(args.work).resolve()
     return args
 
@@ -168,35 +179,14 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------
 # The machine
 # ---------------------------------------------------------------------------
-def cpu_facts() -> tuple[str, dict]:
-    """The CPU model and which of CPU_FLAGS /proc/cpuinfo lists."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return model, {flag: flag in flags for flag in CPU_FLAGS}
-
-
 def versions() -> dict:
-    found = {}
-    for name in VERSIONS:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
+    return machine.versions(VERSIONS)
 
 
 def print_header(args) -> None:
-    model, flags = cpu_facts()
-    print(f"bench-finetune: {model}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
+    model, flags = machine.cpu_facts()
+    print(f"bench-finetune: {model}, {machine.cores()} CPUs, Python {platform.python_version()}")
+    print("  CPU flags: " + machine.flags_text(flags))
     print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()))
     print(f"  settings: {args.model if not args.init else args.init}, seq {args.seq_len}, batch "
           f"{args.batch_size}, {args.steps} steps, lr {args.learning_rate:g} (warmup "
@@ -204,6 +194,8 @@ def print_header(args) -> None:
           f"{args.dropout:g}, seed {args.seed}, {args.activation}, memory at 1x and "
           f"{args.copies}x{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}",
           flush=True)
+    print(f"  protocol: {args.repeat} round(s), ours then transformers in each, every run a fresh "
+          f"process; {protocol.threads_text(args.threads)}", flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -212,46 +204,35 @@ def print_header(args) -> None:
 NOISE = ("I0000", "W0000", "E0000", "WARNING: All log", "Loading weights")
 
 
-def sample_rss(pid: int, started: float, samples: list, stop: threading.Event) -> None:
-    """(seconds, MiB) of `pid`'s resident set every RSS_EVERY seconds until `stop`."""
-    page_mib = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-    while not stop.wait(RSS_EVERY):
-        try:
-            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            return
-        if resident:
-            samples.append((time.perf_counter() - started, resident * page_mib))
-
-
-def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True) -> dict:
-    """Runs `command` from the repository root; returns its exit code, wall seconds, peak RSS
-    (MiB, wait4) and RSS samples, CPU seconds and its output lines with the seconds at which
-    each arrived."""
+def run_child(command: list, log_path: Path, prefix: str, show=lambda line: True,
+              threads: int = 0) -> dict:
+    """Runs `command` from the repository root (its thread pools pinned to `threads` when
+    given: bench/protocol.py); returns its exit code, wall seconds, its own peak RSS (MiB,
+    wait4), the RSS of its whole process tree (samples every RSS_EVERY seconds and their peak:
+    Beam workers and other children count), CPU seconds and its output lines with the seconds
+    at which each arrived."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
-               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+               TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+               **(protocol.thread_env(threads) if threads else {}))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    lines, rss, stop = [], [], threading.Event()
-    started, load = time.perf_counter(), os.getloadavg()[0]
+    lines = []
+    started, load = time.perf_counter(), machine.load()
     with open(log_path, "w", encoding="utf-8") as log, subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True) as process:
-        sampler = threading.Thread(target=sample_rss, args=(process.pid, started, rss, stop),
-                                   daemon=True)
-        sampler.start()
-        log.write(" ".join(map(str, command)) + "\n")
-        for line in process.stdout:
-            at = time.perf_counter() - started
-            lines.append((at, line.rstrip("\n")))
-            log.write(f"{at:9.3f} {line}")
-            if not line.startswith(NOISE) and show(line):
-                print(f"{prefix}{line}", end="", flush=True)
-        stop.set()
-        sampler.join()
+        with protocol.TreeSampler(process.pid, RSS_EVERY, started) as tree:
+            log.write(" ".join(map(str, command)) + "\n")
+            for line in process.stdout:
+                at = time.perf_counter() - started
+                lines.append((at, line.rstrip("\n")))
+                log.write(f"{at:9.3f} {line}")
+                if not line.startswith(NOISE) and show(line):
+                    print(f"{prefix}{line}", end="", flush=True)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
     return {"code": process.returncode, "wall": time.perf_counter() - started, "lines": lines,
-            "rss": rss, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "rss": tree.samples, "peak_tree_mib": max(tree.peak_mib, usage.ru_maxrss / 1024),
+            "peak_rss_mib": usage.ru_maxrss / 1024,
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "load": (load, os.getloadavg()[0])}
 
@@ -266,10 +247,10 @@ def run_step(work: Path, command: list, name: str, bench: str,
 
 def print_machine(bench: str) -> None:
     """The bench's first lines: time, CPU model and count, load, flags, library versions."""
-    model, flags = cpu_facts()
-    print(f"{bench}: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} (other users' work)")
-    print("  CPU flags: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()))
+    model, flags = machine.cpu_facts()
+    print(f"{bench}: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {model}, {machine.cores()} CPUs, "
+          f"load average {machine.load():.1f} (other users' work)")
+    print("  CPU flags: " + machine.flags_text(flags))
     print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()), flush=True)
 
 
@@ -367,6 +348,30 @@ LAST = ("epoch", "wrote")  # marks taken at their last line (the others at their
 PROGRESS = re.compile(r"finetune: step (\d+)/\d+")
 
 
+# Runs a module (sys.argv[3:]: name, arguments) in a process that first holds what a stage that
+# materialized its training split would (hold_features of the TSV sys.argv[1], seq sys.argv[2]).
+HOLD = ("import runpy, sys; from bench.bench_finetune import hold_features; "
+        "held = hold_features(sys.argv[1], int(sys.argv[2])); sys.argv = sys.argv[3:]; "
+        "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def hold_features(train_file, seq_len: int) -> tuple:
+    """(--hold-in-memory, in the stage's process) The training rows (texts, labels) and an
+    int32 array of their features (token ids, segment ids, padding mask: rows x 3 x seq_len),
+    every page written."""
+    import numpy as np
+
+    rows = read_tsv(Path(train_file))
+    return rows, np.ones((len(rows), 3, seq_len), dtype=np.int32)
+
+
+def holding(command: list, train_file: Path, seq_len: int) -> list:
+    """`command` (python -m MODULE ...) run under HOLD."""
+    if command[1] != "-m":
+        raise ValueError(f"not a python -m command: {command[:3]}")
+    return [command[0], "-c", HOLD, str(train_file), str(seq_len), *command[2:]]
+
+
 def our_command(args, settings: dict, train_file: str, rows: int, run_dir: Path) -> list:
     steps_per_epoch = math.ceil(rows / args.batch_size)
     data = Path(settings["data"])
@@ -391,8 +396,11 @@ def our_command(args, settings: dict, train_file: str, rows: int, run_dir: Path)
         "finetune.baselines": "false", "finetune.random_init_baseline": "false",
         "finetune.register_model": "false",
     }
-    return [sys.executable, "-m", "pipeline", "finetune", "--force", "--config",
-            "configs/finetune_brown.yaml", *(f"{k}={v}" for k, v in overrides.items())]
+    command = [sys.executable, "-m", "pipeline", "finetune", "--force", "--config",
+               "configs/finetune_brown.yaml", *(f"{k}={v}" for k, v in overrides.items())]
+    if args.hold_in_memory:
+        return holding(command, data / train_file, args.seq_len)
+    return command
 
 
 def timeline(lines: list) -> dict:
@@ -449,11 +457,12 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
     log = args.work / "logs" / f"ours_{name}.log"
     show = lambda line: re.search(r"finetune: (epoch|test|step|\S+ on )", line)
     child = check(run_child(our_command(args, settings, train_file, rows, run_dir), log,
-                            f"  ours {name}| ", show), f"our finetune stage ({name})", log,
-                  bench)
+                            f"  ours {name}| ", show, threads=args.threads),
+                  f"our finetune stage ({name})", log, bench)
     metrics = json.loads((run_dir / "finetune" / "bench" / "metrics.json").read_text())
     marks = timeline(child["lines"])
     result = {"rows": rows, "wall": child["wall"], "peak_rss_mib": child["peak_rss_mib"],
+              "peak_tree_mib": child["peak_tree_mib"],
               "cpu_s": child["cpu_s"], "load": child["load"], "marks": marks,
               "rss_by_phase": phase_peaks(child["rss"], marks), "metrics_train_seconds":
               metrics.get("train_seconds"), "stage_macro_f1": metrics["test"].get("macro_f1"),
@@ -470,14 +479,16 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
 # ---------------------------------------------------------------------------
 # Theirs: transformers' Trainer (a child process of this file; bench/finetune_peer.py)
 # ---------------------------------------------------------------------------
-def run_peer(args, settings: dict, bench: str = NAME) -> dict:
+def run_peer(args, settings: dict, bench: str = NAME, name: str = "peer") -> dict:
     """The peer (bench/finetune_peer.py's peer_main) in a child process of this file; its
-    peer.json with the process's wall, CPU and memory figures."""
-    log = args.work / "logs" / "peer.log"
+    peer.json with the process's wall, CPU and memory figures (logs/<name>.log)."""
+    log = args.work / "logs" / f"{name}.log"
     child = check(run_child(self_command(args, "peer"), log, "  transformers| ",
-                            lambda line: False), "transformers' Trainer", log, bench)
+                            lambda line: False, threads=args.threads),
+                  "transformers' Trainer", log, bench)
     found = json.loads((Path(settings["peer_dir"]) / "peer.json").read_text())
-    found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"], cpu_s=child["cpu_s"],
+    found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"],
+                 peak_tree_mib=child["peak_tree_mib"], cpu_s=child["cpu_s"],
                  load=child["load"])
     found["eval_seconds"] = sum(e["seconds"] for e in found["evaluations"])
     kept = max(found["evaluations"], key=lambda e: e.get("eval_accuracy", -1.0), default={})
@@ -534,12 +545,19 @@ def main(argv=None) -> int:
     (args.work / "settings.json").write_text(json.dumps(settings, indent=2))
     test_rows = read_tsv(args.work / "data" / "test.tsv")
 
-    ours1 = run_ours(args, settings, "x1", "train.tsv", counts["train"])
-    ours1.update(our_quality(args.work / "ours_x1", split["labels"], test_rows))
-    peer = run_peer(args, settings)
+    def ours(index: int) -> dict:
+        name = f"x1_r{index + 1}"
+        found = run_ours(args, settings, name, "train.tsv", counts["train"])
+        found.update(our_quality(args.work / f"ours_{name}", split["labels"], test_rows))
+        return found
+
+    rounds = protocol.run_rounds(
+        (("ours", ours), ("transformers", lambda index: run_peer(
+            args, settings, name=f"peer_r{index + 1}"))),
+        args.repeat, log=lambda line: print(f"  {line}", flush=True))
     ours_big = run_ours(args, settings, f"x{args.copies}", f"train_x{args.copies}.tsv",
                         counts["train_big"])
-    line = report(args, split, test_rows, init, ours1, peer, ours_big)
+    line = report(args, split, test_rows, init, rounds, ours_big)
     print(f"(whole bench {time.perf_counter() - started:.0f} s; logs and files in {args.work})")
     print(line)
     return 0

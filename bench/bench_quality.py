@@ -86,6 +86,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # The transformers peer: its data, recipes and Trainer run (bench/quality_peer.py).
+from bench import machine  # noqa: E402
 from bench.quality_peer import Peer, peer_missing, peer_recipes, table_points  # noqa: E402
 
 # ---- the contract with the pretrain stage's held-out probe -------------------------------
@@ -94,7 +95,6 @@ HELDOUT_EVERY_KEY = "train.heldout_every"      # probe every N optimizer steps
 HELDOUT_BATCHES_KEY = "train.heldout_batches"  # 0: all the held-out records
 
 EXPERIMENT = "bench-quality"
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,18 +145,8 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------
 def machine_facts() -> dict:
     """CPU model, cores, the SIMD/matrix flags that matter for float32/bf16 training, versions."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    facts = {"cpu": model, "cores": os.cpu_count(),
-             "flags": {flag: flag in flags for flag in CPU_FLAGS},
+    model, flags = machine.cpu_facts()
+    facts = {"cpu": model, "cores": machine.cores(), "flags": flags,
              "python": platform.python_version()}
     for name in ("torch", "transformers", "tensorflow", "keras"):
         try:

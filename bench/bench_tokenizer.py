@@ -30,7 +30,6 @@ import array
 import collections
 import datetime
 import itertools
-import platform
 import re
 import sys
 import time
@@ -39,20 +38,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+from bench import machine  # noqa: E402
 
 
 def cpu_line() -> str:
-    model, flags = platform.processor() or "?", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-    import os
-
-    have = " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in CPU_FLAGS)
-    return f"{model}, {os.cpu_count()} cores, {have}"
+    model, flags = machine.cpu_facts()
+    have = " ".join(f"{f}={'yes' if on else 'no'}" for f, on in flags.items())
+    return f"{model}, {machine.cores()} cores, {have}"
 
 
 def best_of(repeat: int, fn) -> float:

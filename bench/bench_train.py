@@ -57,6 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from bench import machine  # noqa: E402
+
 import pipeline  # noqa: E402,F401  (before TensorFlow loads: its oneDNN switch, as training's)
 
 VOCAB, SEQ, PREDICTIONS, BATCH = 30522, 128, 20, 32
@@ -267,15 +269,13 @@ def main(argv=None) -> dict:
     from models.flops import training_flops_per_token
     from pipeline.training.mfu import measure_peak_flops, onednn_enabled
 
-    flags = cpu_flags()
-    bf16_units = bool({"avx512_bf16", "amx_bf16"} & flags)
-    print(f"bench-train: CPU {cpu_model()}; flags: " + ", ".join(
-        f"{f} {'yes' if f in flags else 'no'}"
-        for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")), flush=True)
+    model, flags = machine.cpu_facts(machine.CPU_FLAGS + ("amx_tile",))
+    bf16_units = machine.has_bf16_units()
+    print(f"bench-train: CPU {model}; flags: " + machine.flags_text(flags, ", "), flush=True)
     missing = transformers_missing() if args.transformers else "skipped (--no-transformers)"
     if missing:
         print(f"bench-train: transformers: {missing}; reporting ours alone", flush=True)
-    print(f"bench-train: {os.cpu_count()} CPUs, TensorFlow {tf.__version__} (oneDNN "
+    print(f"bench-train: {machine.cores()} CPUs, TensorFlow {tf.__version__} (oneDNN "
           f"{'on' if onednn_enabled() else 'off'}); seq {SEQ}, batch "
           f"{args.batch}, {PREDICTIONS} masked positions, vocab {VOCAB}, {args.steps} timed steps",
           flush=True)
@@ -441,26 +441,6 @@ def curve_check(args, tolerance=0.05):
 # (row key, bench_transformers variant): the stock model users run, and the peer doing our work
 TRANSFORMERS_VARIANTS = (("transformers_stock", "stock"), ("transformers_same", "same_work"),
                          ("transformers_same_compiled", "same_work_compiled"))
-
-
-def cpu_flags() -> set:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def report(preset, name, result, per_token, note=""):

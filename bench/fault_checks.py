@@ -8,6 +8,9 @@ and model.keras whole, no FINISHED run of the killed invocation unless its outpu
 After the re-run (compare_rerun, check_rerun_runs): outputs identical to the reference's (or,
 for a resumed pretraining, the loss curve continuing it within LOSS_TOLERANCE), the re-run's
 parent and stage runs FINISHED, a resumed training in the killed run, none left RUNNING.
+
+The checks read what they compare with from a `Reference` (the suite's folder, the reference's
+outputs, its store), a plain record the suite fills: they know nothing of the suite itself.
 """
 
 from __future__ import annotations
@@ -19,12 +22,8 @@ import re
 import sqlite3
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bench.fault_setup import CHECKPOINT_EVERY, COMMAND, ROOT, overrides
-
-if TYPE_CHECKING:
-    from bench.fault_suite import Suite, Watched
 
 # A resumed run's per-step loss may differ this much from the uninterrupted run's (measured:
 # ~0.01 at a loss of ~6 on the tiny model).
@@ -110,6 +109,42 @@ class Store:
         return runs
 
 
+    def stage_run_tags(self, stage: str) -> dict:
+        """Tags of the run the latest parent run names for `stage` (stage.<name>.run_id)."""
+        runs = self.runs()
+        parents = sorted((r for r in runs.values() if "mlflow.parentRunId" not in r["tags"]),
+                         key=lambda r: r["start"])
+        if not parents:
+            return {}
+        run_id = parents[-1]["tags"].get(f"stage.{COMMAND.get(stage, stage)}.run_id", "")
+        return runs.get(run_id, {}).get("tags", {})
+
+
+@dataclasses.dataclass
+class Reference:
+    """What the checks compare a killed and re-run stage with: the suite's folder `top` (its
+    root/ holds the run directory and the MLflow store), the uninterrupted reference's outputs
+    by suite stage (and "losses": its pretraining loss per step) and final weights' sha256."""
+    top: Path
+    expected: dict = dataclasses.field(default_factory=dict)
+    weights_sha: str = ""
+
+    def __post_init__(self):
+        self.top = Path(self.top)
+
+    @property
+    def root(self) -> Path:
+        return self.top / "root"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def store(self) -> Store:
+        return Store(self.top)
+
+
 def contextlib_closing(db):
     import contextlib
 
@@ -156,24 +191,25 @@ class Result:
 # ---------------------------------------------------------------------------
 # The checks
 # ---------------------------------------------------------------------------
-def check_after_kill(suite: Suite, stage: str, result: Result) -> bool:
+def check_after_kill(ref: Reference, stage: str, result: Result) -> bool:
     """Nothing partial taken as complete; returns whether the output is complete."""
     from pipeline import artifacts
     from pipeline import config as config_lib
     from pipeline.tracking import lineage
 
     name = COMMAND.get(stage, stage)
-    artifacts.set_run_root(suite.root)
-    config = config_lib.load(str(ROOT / "configs" / "test_tiny.yaml"), overrides(suite.top))
-    paths = artifacts.Artifacts(config.run_dir)
-    folder = {"finetune": suite.run / "finetune" / "topic"}.get(name, suite.run / name)
+    config = config_lib.load(str(ROOT / "configs" / "test_tiny.yaml"), overrides(ref.top))
+    paths = artifacts.Artifacts(ref.run)  # absolute: no run root involved
+    if Path(config.run_dir).resolve() != ref.run.resolve():
+        raise ValueError(f"the suite's config runs in {config.run_dir}, not {ref.run}")
+    folder = {"finetune": ref.run / "finetune" / "topic"}.get(name, ref.run / name)
     complete = False
     if name in ("corpus", "vocab", "data", "finetune"):
         if not folder.exists():
             result.after_kill = "absent"
         else:
             try:
-                complete = outputs(suite.top, stage) == suite.expected[stage]
+                complete = outputs(ref.top, stage) == ref.expected[stage]
             except (OSError, ValueError) as err:
                 result.problems.append(f"{folder} unreadable after the kill: {err}")
             result.after_kill = "complete" if complete else "partial"
@@ -185,7 +221,7 @@ def check_after_kill(suite: Suite, stage: str, result: Result) -> bool:
             except artifacts.AlteredArtifact as err:
                 result.problems.append(f"checksums do not verify: {err}")
     else:  # pretrain (and its export)
-        pretrain = suite.run / "pretrain"
+        pretrain = ref.run / "pretrain"
         for path in (pretrain / "checkpoints").glob("ckpt-*.weights.h5"):
             if not _h5_opens(path):
                 result.problems.append(f"{path.name} does not open (partial checkpoint)")
@@ -194,7 +230,7 @@ def check_after_kill(suite: Suite, stage: str, result: Result) -> bool:
             result.problems.append("model.keras is not a whole zip")
         if (pretrain / "eval.json").exists():
             ev = json.loads((pretrain / "eval.json").read_text())
-            if ev != suite.expected["pretrain"]["eval"]:
+            if ev != ref.expected["pretrain"]["eval"]:
                 result.problems.append("eval.json differs from the reference's")
         if (pretrain / "saved_model").exists() and not (
                 pretrain / "saved_model" / "saved_model.pb").is_file():
@@ -221,40 +257,42 @@ def check_killed_runs(stage: str, runs: dict, complete: bool, result: Result) ->
                      if mine else "killed: no stage run")
 
 
-def compare_rerun(suite: Suite, stage: str, killed: Watched, rerun: Watched,
+def compare_rerun(ref: Reference, stage: str, killed_output: str, rerun_output: str,
                   result: Result) -> None:
+    """The re-run's outputs against the reference's (a resumed pretraining: its loss curve);
+    `killed_output` and `rerun_output` are the two runs' logs."""
     if stage not in ("pretrain", "export"):
-        got = outputs(suite.top, stage)
+        got = outputs(ref.top, stage)
         resumed = re.search(r"finetune: resuming from ckpt-\d+ \(step (\d+) of (\d+)",
-                            rerun.output)
+                            rerun_output)
         if stage == "finetune_resume" and not resumed:
             result.problems.append("killed after a checkpoint, the re-run did not resume")
-        if got == suite.expected[stage]:
+        if got == ref.expected[stage]:
             result.rerun = "identical" + (f" (resumed from step {resumed.group(1)} of "
                                           f"{resumed.group(2)})" if resumed else "")
         else:
             result.rerun = "differs"
-            diff = [k for k in set(got) | set(suite.expected[stage])
-                    if got.get(k) != suite.expected[stage].get(k)]
+            diff = [k for k in set(got) | set(ref.expected[stage])
+                    if got.get(k) != ref.expected[stage].get(k)]
             result.problems.append(f"re-run's output differs from the reference: {diff[:5]}")
         return
-    got = outputs(suite.top, stage)
+    got = outputs(ref.top, stage)
     if not (got["model.keras"] and got["saved_model"]):
         result.problems.append("re-run left no whole model.keras / saved_model")
-    sha = suite.stage_run_tags(stage).get("pretrain.weights_sha256", "")
-    if sha and sha == suite.weights_sha:
+    sha = ref.store.stage_run_tags(stage).get("pretrain.weights_sha256", "")
+    if sha and sha == ref.weights_sha:
         result.rerun = "identical"
         return
     # Not bit-identical: the resumed loss curve must continue the uninterrupted one.
     resumed_from = 0
-    for line in rerun.output.splitlines():
+    for line in rerun_output.splitlines():
         if "resuming from ckpt-" in line:
             resumed_from = int(line.rsplit("(step ", 1)[1].rstrip(")"))
-    reached = max(step_losses(killed.output), default=0)
+    reached = max(step_losses(killed_output), default=0)
     if resumed_from < reached - CHECKPOINT_EVERY:
         result.problems.append(f"resumed from step {resumed_from}, more than one checkpoint "
                                f"interval before step {reached} (logged before the kill)")
-    losses, expected = step_losses(rerun.output), suite.expected["losses"]
+    losses, expected = step_losses(rerun_output), ref.expected["losses"]
     after = [s for s in expected if s > resumed_from]
     missing = [s for s in after if s not in losses]
     worst = max((abs(losses[s] - expected[s]) for s in after if s in losses), default=0.0)
@@ -265,12 +303,12 @@ def compare_rerun(suite: Suite, stage: str, killed: Watched, rerun: Watched,
     result.rerun = f"curve from {resumed_from} (max |dloss| {worst:.3f})"
 
 
-def check_rerun_runs(suite: Suite, stage: str, runs_killed: dict, rerun: Watched,
+def check_rerun_runs(ref: Reference, stage: str, runs_killed: dict, rerun_output: str,
                      result: Result) -> None:
     """The re-run's parent FINISHED; its stage run FINISHED; a pretraining killed after a
     checkpoint is continued in the killed run (resumed), not a new one."""
     name = COMMAND.get(stage, stage)
-    runs = suite.store.runs()
+    runs = ref.store.runs()
     parents = sorted((r for r in runs.values() if "mlflow.parentRunId" not in r["tags"]),
                      key=lambda r: r["start"])
     parent = parents[-1]
@@ -286,7 +324,7 @@ def check_rerun_runs(suite: Suite, stage: str, runs_killed: dict, rerun: Watched
                      and "pipeline.interrupted" in stage_run.get("tags", {}))
     if stage_run.get("status") != "FINISHED" and not reused_killed:
         problems.append(f"re-run's {name} run is {runs.get(run_id, {}).get('status')}")
-    if name == "pretrain" and "resuming from ckpt-" in rerun.output:
+    if name == "pretrain" and "resuming from ckpt-" in rerun_output:
         killed_stage = [k for k, r in runs_killed.items()
                         if r["tags"].get("pipeline.stage") == "pretrain"]
         if killed_stage and run_id != killed_stage[0]:

@@ -98,8 +98,8 @@ sys.path.insert(0, str(ROOT))
 
 # What runs (bench/fault_setup.py) and what is checked after each kill (bench/fault_checks.py).
 from bench.fault_checks import (
+    Reference,
     Result,
-    Store,
     check_after_kill,
     check_killed_runs,
     check_rerun_runs,
@@ -319,13 +319,12 @@ class Suite:
 
     def __init__(self, top: Path, log=print):
         self.top, self.log = Path(top), log
-        self.root = self.top / "root"
-        self.run = self.root / "run"
+        # what the checks (bench/fault_checks.py) compare with, filled by build_reference
+        self.checked = Reference(self.top)
+        self.root, self.run, self.store = self.checked.root, self.checked.run, self.checked.store
         self.snapshots = self.top / "snapshots"
-        self.store = Store(self.top)
         self.reference: dict[str, Watched] = {}
-        self.expected: dict[str, dict] = {}
-        self.weights_sha = ""
+        self.expected: dict[str, dict] = self.checked.expected
 
     # -- the reference ------------------------------------------------------------------
     def build_reference(self, stages) -> None:
@@ -348,7 +347,7 @@ class Suite:
                 self.reference[alias] = watched
                 self.expected[alias] = self.expected[stage]
             if stage == "pretrain":
-                self.weights_sha = self.stage_run_tags("pretrain").get(
+                self.checked.weights_sha = self.store.stage_run_tags("pretrain").get(
                     "pretrain.weights_sha256", "")
                 self.expected["losses"] = step_losses(watched.output)
 
@@ -358,14 +357,6 @@ class Suite:
     def restore(self, name: str) -> None:
         shutil.rmtree(self.root)
         shutil.copytree(self.snapshots / name, self.root, symlinks=True)
-
-    def stage_run_tags(self, stage: str) -> dict:
-        """Tags of the run the latest parent run names for `stage` (stage.<name>.run_id)."""
-        runs = self.store.runs()
-        parents = sorted((r for r in runs.values() if "mlflow.parentRunId" not in r["tags"]),
-                         key=lambda r: r["start"])
-        run_id = parents[-1]["tags"].get(f"stage.{COMMAND.get(stage, stage)}.run_id", "")
-        return runs.get(run_id, {}).get("tags", {})
 
     # -- one kill -------------------------------------------------------------------------
     def kill_once(self, stage: str, kind: str, rng: random.Random) -> Result:
@@ -392,7 +383,7 @@ class Suite:
             result.rerun = "-"
             return result
         runs_killed = {k: v for k, v in self.store.runs().items() if k not in before}
-        complete = check_after_kill(self, stage, result)
+        complete = check_after_kill(self.checked, stage, result)
         check_killed_runs(stage, runs_killed, complete, result)
         rerun = watch(self.top, stage, self.top / "rerun.log")
         if rerun.returncode != 0:
@@ -401,8 +392,8 @@ class Suite:
                                    f"{rerun.output.strip().splitlines()[-1:]}")
             return result
         result.strays = len(temporaries(self.run))
-        compare_rerun(self, stage, killed, rerun, result)
-        check_rerun_runs(self, stage, runs_killed, rerun, result)
+        compare_rerun(self.checked, stage, killed.output, rerun.output, result)
+        check_rerun_runs(self.checked, stage, runs_killed, rerun.output, result)
         return result
 
 

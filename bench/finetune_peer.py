@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from bench import protocol
 from bench.finetune_data import read_tsv
 
 # Our activation names → the transformers `hidden_act` computing the same function.
@@ -75,6 +76,7 @@ def peer_main(settings: dict) -> None:
     from sklearn.metrics import accuracy_score, f1_score
 
     times = {"imports": time.perf_counter() - started}
+    pools = protocol.pin_torch(torch)  # as the race's --threads (BENCH_THREADS) says
     transformers.set_seed(settings["seed"])
     labels, data = settings["labels"], Path(settings["data"])
     tokenizer = peer_tokenizer(Path(settings["hf_dir"]), settings["lowercase"])
@@ -109,7 +111,7 @@ def peer_main(settings: dict) -> None:
     (Path(settings["peer_dir"]) / "peer.json").write_text(json.dumps({
         "times": times, "train_call": train_call, "step_ends": clock.step_ends,
         "evaluations": clock.evaluations,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "pools": pools,
         "macro_f1": float(f1_score(gold, predicted, average="macro",
                                    labels=list(range(len(labels))), zero_division=0)),
         "accuracy": float(accuracy_score(gold, predicted)),

@@ -2,6 +2,10 @@
 its contenders and quality tables too): the same-work comparison of both runs, where the time
 goes (cut at the same steps), our memory by part of the run, the test-set quality (macro-F1,
 a paired bootstrap of the gap), the goals met or missed, and result.json.
+
+The race runs in rounds (bench/protocol.py): the rounds table and the headline line give each
+figure's median over the rounds (min-max beside it); the tables after it show the round whose
+speed-ratio is the median one.
 """
 
 from __future__ import annotations
@@ -10,8 +14,14 @@ import json
 import random
 from collections import Counter
 
+from bench import protocol
+
 GOALS = {"speed": 1.5, "metric": 0.01, "memory": 1.15}
-RSS_EVERY = 0.25  # seconds between samples of our stage's RSS (bench_finetune.sample_rss)
+# Memory per added training row must stay below one row's int32 features (token ids, segment
+# ids, padding mask: 3 x 4 x seq_len bytes): a stage that held its split's features would grow
+# by at least that much per row on top of what it holds now, and so miss it.
+FEATURE_ARRAYS = 3
+RSS_EVERY = 0.25  # seconds between samples of our stage's tree RSS (protocol.TreeSampler)
 # The parts of our stage's run, cut at its log lines (bench_finetune.MARKS): memory by part.
 PHASES = (("start-up", None, "data"), ("encoder, features", "data", "built"),
           ("steps + validation", "built", "epoch"), ("test", "epoch", "test"),
@@ -88,7 +98,8 @@ def print_breakdown(args, counts: dict, ours: dict, peer: dict) -> dict:
     print(f"  transformers: imports {t['imports']:.1f}; tokenize {t['tokenize']:.1f}; load "
           f"{t['load']:.1f}; steps + validation {t['train']:.1f} (validation "
           f"{peer['eval_seconds']:.1f}); test {t['test']:.1f}; process {peer['wall']:.1f}; "
-          f"torch threads {peer['threads']}")
+          f"torch threads {peer['threads']}"
+          + (f" (inter-op {peer['pools']['inter_op']})" if "pools" in peer else ""))
     if segments:
         print_segments(args, segments)
     if parts:
@@ -121,27 +132,42 @@ def print_segments(args, segments: dict) -> None:
           f"ms/step (ratio {theirs / mine:.2f})")
 
 
-def print_memory(args, counts: dict, ours1: dict, ours_big: dict) -> float:
-    """Our peak RSS at 1x and at `copies`x the training rows, and in which part it grows."""
-    growth = ours_big["peak_rss_mib"] / ours1["peak_rss_mib"]
+def memory_goal(peak_1x: float, peak_big: float, added_rows: int, seq_len: int) -> dict:
+    """MiB per 10,000 added training rows (whole process tree, peak at `copies`x less at 1x)
+    against the limit: the int32 features of 10,000 rows (FEATURE_ARRAYS x 4 x seq_len bytes
+    each)."""
+    per_10k = (peak_big - peak_1x) / max(added_rows, 1) * 10_000
+    limit = FEATURE_ARRAYS * 4 * seq_len * 10_000 / 2 ** 20
+    return {"mib_per_10k_rows": per_10k, "limit_mib_per_10k_rows": limit,
+            "met": per_10k <= limit}
+
+
+def print_memory(args, counts: dict, ours1: dict, ours_big: dict) -> tuple[float, dict]:
+    """Our peak RSS (the whole process tree) at 1x and at `copies`x the training rows, in which
+    part it grows, and per 10,000 added rows against the goal."""
+    growth = ours_big["peak_tree_mib"] / ours1["peak_tree_mib"]
+    added = counts["train_big"] - counts["train"]
+    per_rows = memory_goal(ours1["peak_tree_mib"], ours_big["peak_tree_mib"], added,
+                           args.seq_len)
     big = f"{args.copies}x ({counts['train_big']:,} rows)"
-    print(f"\nmemory (ours, the stage's process, same steps; peak: wait4's ru_maxrss, by part: "
-          f"the largest of the RSS samples every {RSS_EVERY} s)")
+    held = " (--hold-in-memory: the stage holds the split's features)" \
+        if args.hold_in_memory else ""
+    print(f"\nmemory (ours, same steps; peak: the RSS of the stage's whole process tree, Beam "
+          f"workers included, sampled every {RSS_EVERY} s; by part: the largest sample within "
+          f"it){held}")
     print(f"  {'MiB':24}{'1x (' + format(counts['train'], ',') + ' rows)':>20}{big:>22}")
     for name, _, _ in PHASES:
         one, many = ours1["rss_by_phase"].get(name), ours_big["rss_by_phase"].get(name)
         if one is not None and many is not None:
             print(f"  {name:24}{one:20.0f}{many:22.0f}   x{many / one:.2f}")
-    print(f"  {'peak':24}{ours1['peak_rss_mib']:20.0f}{ours_big['peak_rss_mib']:22.0f}   "
-          f"x{growth:.2f} (memory-growth)")
-    added = counts["train_big"] - counts["train"]
-    features = 3 * 4 * args.seq_len  # token_ids, segment_ids, padding_mask: int32 x seq
-    part = "steps + validation"
-    if added > 0 and part in ours1["rss_by_phase"] and part in ours_big["rss_by_phase"]:
-        delta = (ours_big["rss_by_phase"][part] - ours1["rss_by_phase"][part]) * 2 ** 20
-        print(f"  while training: {delta / added:,.0f} bytes more per added training row (its "
-              f"int32 features alone: {features:,} bytes; the texts come on top)")
-    return growth
+    print(f"  {'peak (process tree)':24}{ours1['peak_tree_mib']:20.0f}"
+          f"{ours_big['peak_tree_mib']:22.0f}   x{growth:.2f} (memory-growth)")
+    print(f"  {'peak (stage process)':24}{ours1['peak_rss_mib']:20.0f}"
+          f"{ours_big['peak_rss_mib']:22.0f}   x"
+          f"{ours_big['peak_rss_mib'] / ours1['peak_rss_mib']:.2f}")
+    print(f"  per 10,000 added training rows: {per_rows['mib_per_10k_rows']:+.1f} MiB (their "
+          f"int32 features alone: {per_rows['limit_mib_per_10k_rows']:.1f} MiB; the goal)")
+    return growth, per_rows
 
 
 def macro_f1(gold: list, predicted: list, labels: list) -> float:
@@ -183,12 +209,15 @@ def print_quality(labels: list, test_rows: list, ours: dict, peer: dict) -> None
         print(f"  per-class F1, {name}: " + "  ".join(f"{k} {v:.3f}" for k, v in f1.items()))
 
 
-def print_goals(args, ratio: float, diff: float, growth: float, breakdown: dict) -> None:
+def print_goals(args, ratio: float, diff: float, growth: float, breakdown: dict,
+                per_rows: dict) -> None:
     verdict = lambda ok: "met" if ok else "MISSED"
     print(f"\ngoals: speed-ratio {ratio:.2f} >= {GOALS['speed']} "
           f"{verdict(ratio >= GOALS['speed'])}; |metric diff| {diff:.4f} <= {GOALS['metric']} "
           f"{verdict(diff <= GOALS['metric'])}; memory-growth {growth:.2f} <= {GOALS['memory']} "
-          f"{verdict(growth <= GOALS['memory'])}")
+          f"{verdict(growth <= GOALS['memory'])}; memory per 10k added rows "
+          f"{per_rows['mib_per_10k_rows']:.1f} <= {per_rows['limit_mib_per_10k_rows']:.1f} MiB "
+          f"{verdict(per_rows['met'])}")
     if ratio < GOALS["speed"] and breakdown["segments"]:
         seg = breakdown["segments"]
         gaps = [o - t for o, t in zip(seg["ours"], seg["transformers"])]
@@ -204,19 +233,74 @@ def print_goals(args, ratio: float, diff: float, growth: float, breakdown: dict)
               "--seed values show how far each side moves from run to run")
 
 
-def report(args, split: dict, test_rows: list, init: dict, ours1: dict, peer: dict,
+def round_figures(args, rounds: list) -> list:
+    """Per round: the load before it, both sides' examples/s and test macro-F1, the ratio."""
+    examples = args.steps * args.batch_size
+    out = []
+    for r in rounds:
+        ours, peer = r["results"]["ours"], r["results"]["transformers"]
+        ours_eps, peer_eps = examples / ours["fit"], examples / peer["times"]["train"]
+        out.append({"round": r["round"], "load": r["load"], "busy": r["busy"],
+                    "ours_eps": ours_eps, "peer_eps": peer_eps, "ratio": ours_eps / peer_eps,
+                    "ours_macro_f1": ours["macro_f1"], "peer_macro_f1": peer["macro_f1"],
+                    "ours_seconds": ours["fit"], "peer_seconds": peer["times"]["train"]})
+    return out
+
+
+def print_rounds(figures: list, rounds: list, threads: int) -> dict:
+    """The rounds table and each figure's median (min-max); returns the medians' spreads."""
+    print(f"\nrounds ({len(figures)}, ours then transformers in each, {threads} thread(s) each "
+          f"side; load: the 1-minute load average before the round)")
+    print(f"  {'round':>5}{'load':>7}{'ours ex/s':>11}{'theirs ex/s':>13}{'ratio':>7}"
+          f"{'ours F1':>9}{'theirs F1':>11}")
+    for f in figures:
+        print(f"  {f['round']:5d}{f['load']:7.2f}{f['ours_eps']:11.1f}{f['peer_eps']:13.1f}"
+              f"{f['ratio']:7.2f}{f['ours_macro_f1']:9.4f}{f['peer_macro_f1']:11.4f}"
+              + ("  BUSY" if f["busy"] else ""))
+    keys = ("ours_eps", "peer_eps", "ratio", "ours_macro_f1", "peer_macro_f1", "ours_seconds",
+            "peer_seconds")
+    spreads = {k: protocol.spread([f[k] for f in figures]) for k in keys}
+    text = lambda k, spec: protocol.spread_text([f[k] for f in figures], spec)
+    print(f"  median (min-max): examples/s ours {text('ours_eps', '.1f')}, transformers "
+          f"{text('peer_eps', '.1f')}; speed-ratio {text('ratio', '.2f')}; test macro-F1 ours "
+          f"{text('ours_macro_f1', '.4f')}, transformers {text('peer_macro_f1', '.4f')}")
+    note = protocol.busy_note(rounds)
+    if note:
+        print(f"  {note}")
+    return spreads
+
+
+def median_round(rounds: list, figures: list) -> dict:
+    """The round whose speed-ratio is the median one (the lower middle for an even count)."""
+    order = sorted(range(len(figures)), key=lambda i: figures[i]["ratio"])
+    return rounds[order[(len(order) - 1) // 2]]
+
+
+def report(args, split: dict, test_rows: list, init: dict, rounds: list,
            ours_big: dict) -> str:
+    """The race's report from its rounds (bench/protocol.py run_rounds: results "ours" and
+    "transformers") and the memory run; returns the headline line (medians)."""
     counts = split["counts"]
+    figures = round_figures(args, rounds)
+    spreads = print_rounds(figures, rounds, args.threads)
+    shown = median_round(rounds, figures)
+    ours1, peer = shown["results"]["ours"], shown["results"]["transformers"]
+    if len(rounds) > 1:
+        print(f"\nthe median round (by speed-ratio): round {shown['round']}")
     speed = print_contenders(args, counts, ours1, peer)
     breakdown = print_breakdown(args, counts, ours1, peer)
     print_quality(split["labels"], test_rows, ours1, peer)
-    growth = print_memory(args, counts, ours1, ours_big)
-    diff = abs(ours1["macro_f1"] - peer["macro_f1"])
-    print_goals(args, speed["ratio"], diff, growth, breakdown)
-    line = (f"bench-finetune: metric {ours1['macro_f1']:.4f} transformers {peer['macro_f1']:.4f} "
-            f"speed-ratio {speed['ratio']:.2f} memory-growth {growth:.2f}")
+    growth, per_rows = print_memory(args, counts, ours1, ours_big)
+    metric, theirs = spreads["ours_macro_f1"]["median"], spreads["peer_macro_f1"]["median"]
+    ratio = spreads["ratio"]["median"]
+    print_goals(args, ratio, abs(metric - theirs), growth, breakdown, per_rows)
+    line = (f"bench-finetune: metric {metric:.4f} transformers {theirs:.4f} "
+            f"speed-ratio {ratio:.2f} memory-growth {growth:.2f}")
     (args.work / "result.json").write_text(json.dumps({
         "settings": {k: str(v) for k, v in vars(args).items()}, "counts": counts, "init": init,
+        "protocol": protocol.record(rounds, args.threads), "rounds": figures,
+        "medians": spreads, "median_round": shown["round"],
         "ours": ours1, "ours_big": ours_big, "transformers": peer, "speed": speed,
-        "breakdown": breakdown, "memory_growth": growth, "line": line}, indent=2, default=str))
+        "breakdown": breakdown, "memory_growth": growth, "memory_per_rows": per_rows,
+        "line": line}, indent=2, default=str))
     return line

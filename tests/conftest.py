@@ -77,8 +77,8 @@ def pipeline_lines():
 
 @pytest.fixture(autouse=True)
 def _run_root_as_found():
-    """A test that moves the run root (`artifacts.set_run_root`, as the fault suite's checks
-    do) leaves the next test in the same process the paths it found (the Brown tarball's)."""
+    """A test that moves the run root (`artifacts.set_run_root`, as tests/test_cycle.py
+    does) leaves the next test in the same process the paths it found (the Brown tarball's)."""
     from pipeline import artifacts
 
     root, variable = artifacts.RUN_ROOT, os.environ.get(artifacts.RUN_ROOT_VARIABLE)

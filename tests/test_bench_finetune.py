@@ -2,12 +2,17 @@
 sides read, the split, our stage's command line and the timings read from its log lines.
 The race itself (`make bench-finetune`) is not run here."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from bench import bench_finetune as bench
+from bench import protocol
 
 SENTENCES = [f"s{i}." for i in range(7)]
 
@@ -65,7 +70,8 @@ def test_splits_are_disjoint_and_the_memory_run_is_copies_times_larger(tmp_path)
 
 def test_our_command_switches_off_what_the_peer_does_not_do(tmp_path):
     args = SimpleNamespace(batch_size=32, steps=500, seq_len=128, learning_rate=3e-4,
-                           warmup_fraction=0.1, weight_decay=0.01, dropout=0.1, seed=7)
+                           warmup_fraction=0.1, weight_decay=0.01, dropout=0.1, seed=7,
+                           hold_in_memory=False)
     settings = {"data": str(tmp_path), "tracking_uri": "sqlite:////tmp/x.db", "lowercase": True,
                 "init_dir": str(tmp_path / "init")}
     command = bench.our_command(args, settings, "train.tsv", 1000, tmp_path / "run")
@@ -76,6 +82,10 @@ def test_our_command_switches_off_what_the_peer_does_not_do(tmp_path):
     assert overrides["finetune.max_steps"] == "500"
     assert overrides["finetune.epochs"] == str(math.ceil(500 / math.ceil(1000 / 32)))  # 16
     assert overrides["finetune.init_from"].endswith("init/model.keras")
+    args.hold_in_memory = True  # the same command, run by a process that first holds features
+    held = bench.our_command(args, settings, "train.tsv", 1000, tmp_path / "run")
+    assert held[1] == "-c" and held[3:5] == [str(tmp_path / "train.tsv"), "128"]
+    assert held[5:] == command[2:]
 
 
 LOG = [
@@ -136,23 +146,77 @@ def test_report_ends_with_the_line_of_the_issue(tmp_path, capsys):
     test_rows = [("t", "a"), ("u", "b"), ("v", "b"), ("w", "a")]
     marks = {**bench.timeline(LOG), "epochs": 1}
     ours = {"fit": 16.0, "wall": 31.0, "marks": marks, "peak_rss_mib": 1000.0, "cpu_s": 30.0,
+            "peak_tree_mib": 1000.0,
             "load": (1.0, 1.0), "selection_metric": "accuracy", "predicted": ["a", "b", "a", "a"],
             "rss_by_phase": {"steps + validation": 900.0}, "validation_macro_f1": 0.5}
     ours.update(macro_f1=bench.macro_f1([r[1] for r in test_rows], ours["predicted"], labels),
                 accuracy=0.75)
-    big = {**ours, "peak_rss_mib": 1100.0, "rss_by_phase": {"steps + validation": 990.0}}
+    big = {**ours, "peak_rss_mib": 1100.0, "peak_tree_mib": 1100.0,
+           "rss_by_phase": {"steps + validation": 990.0}}
     peer = {"times": {"imports": 1, "tokenize": 1, "load": 1, "train": 32.0, "test": 2},
             "train_call": 0.0, "step_ends": [0.5 * i for i in range(1, 41)],
             "evaluations": [{"seconds": 2.0, "eval_accuracy": 0.5, "eval_macro_f1": 0.4}],
             "eval_seconds": 2.0, "threads": 2, "wall": 40.0, "peak_rss_mib": 700.0, "cpu_s": 40,
             "load": (1.0, 1.0), "macro_f1": 0.5, "accuracy": 0.5, "validation_macro_f1": 0.4,
             "predicted": ["a", "a", "b", "a"]}
-    args = SimpleNamespace(steps=40, batch_size=32, seq_len=128, copies=8, work=tmp_path)
+    args = SimpleNamespace(steps=40, batch_size=32, seq_len=128, copies=8, work=tmp_path,
+                           threads=2, hold_in_memory=False)
     split = {"counts": {"train": 1000, "validation": 200, "test": 100, "train_big": 8000},
              "labels": labels}
-    line = bench.report(args, split, test_rows, {}, ours, peer, big)
+    # three rounds: their seconds 48, 32, 16 against our 16 (ratios 3, 2, 1); round 3 busy
+    slower = {**peer, "times": {**peer["times"], "train": 48.0}, "macro_f1": 0.6}
+    faster = {**peer, "times": {**peer["times"], "train": 16.0}, "macro_f1": 0.4}
+    rounds = [{"round": i + 1, "load": load, "cores": 2, "busy_above": 2, "busy": load > 2,
+               "order": ["ours", "transformers"], "results": {"ours": ours, "transformers": p}}
+              for i, (load, p) in enumerate(((0.5, slower), (1.0, peer), (3.5, faster)))]
+    line = bench.report(args, split, test_rows, {}, rounds, big)
     printed = capsys.readouterr().out
     assert line == "bench-finetune: metric 0.7333 transformers 0.5000 speed-ratio 2.00 " \
                    "memory-growth 1.10"
+    assert "speed-ratio 2.00 (1.00-3.00)" in printed and "BUSY: round(s) 3 of 3" in printed
+    assert "the median round (by speed-ratio): round 2" in printed
     assert "steady steps: ours 200 ms/step, transformers 500 ms/step" in printed
-    assert (tmp_path / "result.json").is_file()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["protocol"]["busy_rounds"] == [3] and result["protocol"]["threads"] == 2
+    assert [r["ratio"] for r in result["rounds"]] == [3.0, 2.0, 1.0]
+    assert result["medians"]["peer_macro_f1"]["min"] == 0.4 and result["median_round"] == 2
+    # 100 MiB more for 7,000 added rows: 142.9 MiB per 10k rows, above their features' 14.6
+    assert result["memory_per_rows"]["mib_per_10k_rows"] == pytest.approx(100 / 7000 * 10_000)
+    assert not result["memory_per_rows"]["met"] and "per 10k added rows 142.9 <= 14.6 MiB " \
+        "MISSED" in printed
+
+
+def peak_of(command: list) -> float:
+    """The peak RSS (MiB) of `command`'s process tree, sampled every 50 ms."""
+    process = subprocess.Popen(command, cwd=bench.ROOT, stdout=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": str(bench.ROOT)})
+    with protocol.TreeSampler(process.pid, 0.05) as tree:
+        assert process.wait(timeout=120) == 0
+    return tree.peak_mib
+
+
+def test_holding_the_features_fails_the_memory_goal_and_streaming_meets_it(tmp_path):
+    """Real processes: one that holds a TSV's features (--hold-in-memory's wrapper) grows by at
+    least their size per added row, past the goal; the same without holding does not grow."""
+    text = "word " * 40
+    for name, rows in (("small", 2_000), ("big", 22_000)):
+        bench.write_tsv(tmp_path / f"{name}.tsv", [(f"{text}{i}", "a") for i in range(rows)])
+    idle = [sys.executable, "-m", "timeit", "-n", "1", "-r", "1", "import time; time.sleep(1)"]
+    held = {n: peak_of(bench.holding(idle, tmp_path / f"{n}.tsv", 128)) for n in ("small", "big")}
+    plain = {n: peak_of(idle) for n in ("small", "big")}
+    holding = bench.memory_goal(held["small"], held["big"], 20_000, 128)
+    streaming = bench.memory_goal(plain["small"], plain["big"], 20_000, 128)
+    assert holding["limit_mib_per_10k_rows"] == pytest.approx(3 * 4 * 128 * 10_000 / 2 ** 20)
+    assert holding["mib_per_10k_rows"] > holding["limit_mib_per_10k_rows"]
+    assert not holding["met"] and streaming["met"]
+
+
+def test_the_tree_rss_counts_a_grandchild(tmp_path):
+    """protocol.tree_rss sums the process tree: a grandchild holding 200 MB counts."""
+    grandchild = "x = b'x' * (200 * 2 ** 20); import time; time.sleep(1.5)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    process = subprocess.Popen([sys.executable, "-c", parent])
+    with protocol.TreeSampler(process.pid, 0.05) as tree:
+        assert process.wait(timeout=60) == 0
+    assert tree.peak_mib > 200 and tree.samples[0][0] < 1.0
+    assert protocol.tree_rss(os.getpid()) > 0 and protocol.tree_rss(process.pid) == 0

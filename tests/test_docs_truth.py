@@ -120,8 +120,9 @@ def _literal(node) -> str | None:
 
 @functools.cache
 def parser_of(file: Path) -> tuple[dict[str, bool], set[str]] | None:
-    """({--flag: takes a value} of every add_argument in `file`, the names of its add_parser
-    subcommands), or None where the flags cannot be read from the source."""
+    """({--flag: takes a value} of every add_argument in `file`, and of the shared flags a
+    bench adds through a helper of bench/ (`machine.add_quick(parser, ...)`), the names of its
+    add_parser subcommands), or None where the flags cannot be read from the source."""
     tree = ast.parse(file.read_text(encoding="utf-8"))
     flags, subcommands, known = {}, set(), True
     for node in ast.walk(tree):
@@ -129,6 +130,11 @@ def parser_of(file: Path) -> tuple[dict[str, bool], set[str]] | None:
             continue
         if node.func.attr == "parse_known_args":
             return None  # unknown flags are passed on: any flag is accepted
+        helper = ROOT / "bench" / f"{getattr(node.func.value, 'id', '')}.py"
+        if node.func.attr.startswith("add_") and file.parent == ROOT / "bench" \
+                and helper.is_file() and helper != file:
+            shared = parser_of(helper)
+            flags.update(shared[0] if shared else {})
         names = [_literal(a) for a in node.args]
         if node.func.attr == "add_parser":
             if names and names[0]:
