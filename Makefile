@@ -19,7 +19,8 @@ export PYTHONPATH := $(CURDIR)
 
 help:
 	@echo "make pretrain   set up, then corpus -> vocab -> data -> pretrain on the demo corpus"
-	@echo "make test       run the tests (make test-fast skips the slow end-to-end ones)"
+	@echo "make test       run the tests, the slow end-to-end ones included (TEST_WORKERS=2 processes)"
+	@echo "make test-fast  the tests but those marked slow (pytest -m 'not slow')"
 	@echo "make setup      only the venv (requirements.lock; GPU=1 adds requirements-gpu.txt) and the demo corpus; make test-setup adds requirements-test.txt and PostgreSQL"
 	@echo "make config-docs   regenerate docs/configuration.md from the key declarations"
 	@echo "make cli-docs      regenerate docs/cli.md, every command and its flags, from the commands' parsers"

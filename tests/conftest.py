@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -89,3 +90,49 @@ def _run_root_as_found():
         os.environ[artifacts.RUN_ROOT_VARIABLE] = variable
     if artifacts.RUN_ROOT != root:
         artifacts._move(root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _new_sqlite_stores_from_one_migration(tmp_path_factory):
+    """Every test that tracks makes a new SQLite store, and MLflow makes one by running its
+    schema migrations (~3 s each on two busy cores, a hundred-odd times in the suite). Here they
+    run once per test process, into a template; a new, empty SQLite store then gets the
+    template's contents (SQLite's backup API), which is what the migrations would have written:
+    the same MLflow, the same schema and alembic revision, a real store. A file that already
+    holds tables (a creation killed half-way, as the fault tests make) goes to MLflow's own
+    code, as does every other database. Child processes (`python -m pipeline`) migrate as
+    users do."""
+    import sqlite3
+
+    import mlflow.store.db.utils as db_utils
+    from mlflow.store.model_registry import sqlalchemy_store as registry_store
+
+    migrate = db_utils._initialize_tables
+    template = tmp_path_factory.mktemp("mlflow-template") / "migrated.db"
+
+    def has_tables(path) -> bool:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+
+    def initialize_tables(engine):
+        path = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+        if not path or path == ":memory:" or not os.path.isfile(path) or has_tables(path):
+            return migrate(engine)
+        if not template.exists():
+            import sqlalchemy
+
+            made = sqlalchemy.create_engine(f"sqlite:///{template}")
+            try:
+                migrate(made)
+            finally:
+                made.dispose()
+        engine.dispose()  # no pooled connection of MLflow's keeps the old (empty) schema
+        with contextlib.closing(sqlite3.connect(template)) as source, \
+                contextlib.closing(sqlite3.connect(path)) as target:
+            source.backup(target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(db_utils, "_initialize_tables", initialize_tables)
+        if hasattr(registry_store, "_initialize_tables"):
+            patch.setattr(registry_store, "_initialize_tables", initialize_tables)
+        yield

@@ -96,6 +96,13 @@ def test_code_hash_covers_every_module_a_stage_imports(tmp_path):
     loop.write_text(loop.read_text() + "\n# changed\n")
     assert lineage.code_hash("corpus", root) == before["corpus"]
     assert lineage.code_hash("pretrain", root) != before["pretrain"]
+    # A file's imports are read again once its text changed (lineage parses a text once per
+    # process): a module the corpus stage starts to import joins its files and its hash.
+    (root / "pipeline" / "newly_imported.py").write_text('"""New."""\n')
+    stage = root / "pipeline/stages/corpus.py"
+    stage.write_text(stage.read_text() + "\n\ndef later():\n    import pipeline.newly_imported\n")
+    assert "pipeline/newly_imported.py" in {
+        p.relative_to(root).as_posix() for p in lineage.code_files("corpus", root)}
 
 
 def test_log_file_gets_the_pipeline_lines_and_the_libraries_warnings(tmp_path, capsys):

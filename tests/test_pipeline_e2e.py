@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from pipeline import artifacts, cli
+
+from tests.conftest import make_corpus
 
 PROJECT = artifacts.PROJECT_ROOT
 
@@ -110,16 +113,26 @@ def test_fast_end_to_end_with_resume(tmp_path, corpus_dir, capsys):
     assert "pretrain: up to date" in capsys.readouterr().out
 
 
-def test_exported_models_reload_with_same_outputs(tmp_path, corpus_dir):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One `all` run of configs/test_tiny.yaml (3 steps) for the tests that read a finished
+    run and change nothing in it: (its folder, its overrides)."""
+    root = tmp_path_factory.mktemp("finished")
+    make_corpus(root / "raw")
+    args = overrides(root, root / "raw")
+    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=3"]) == 0
+    return root, args
+
+
+def test_exported_models_reload_with_same_outputs(finished_run):
     import keras
     import tensorflow as tf
 
     import models  # noqa: F401  (registers the custom classes for loading)
     from pipeline.training import inputs
 
-    args = overrides(tmp_path, corpus_dir)
-    assert cli.main(["all", "--config", "configs/test_tiny.yaml", *args, "train.steps=3"]) == 0
-    paths = artifacts.Artifacts(tmp_path / "run")
+    root, args = finished_run
+    paths = artifacts.Artifacts(root / "run")
     x, _, _ = next(iter(inputs.pretraining_dataset(paths.shard_pattern("eval"), 4, 32, 5,
                                                    training=False)))
     reloaded = keras.saving.load_model(str(paths.model_keras))
@@ -168,13 +181,26 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, corpus_dir):
     assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "corpus").exists()
 
 
-def test_vocab_without_mask_stops_data_stage(tmp_path, corpus_dir):
-    args = overrides(tmp_path, corpus_dir)
-    assert cli.main(["corpus", "vocab", "--config", "configs/test_tiny.yaml", *args]) == 0
+def test_vocab_without_mask_stops_data_stage(tmp_path, finished_run, capsys):
+    """A prepared corpus and a vocab without [MASK] (the finished run's, copied): the data stage
+    stops with exit 2 and one line, and makes no data folder. Edited after the vocab stage, the
+    vocab is refused as altered; written that way (its checksums agree), for its missing token."""
+    root, _ = finished_run
+    for stage in ("corpus", "vocab"):
+        shutil.copytree(root / "run" / stage, tmp_path / "run" / stage)
+    args = overrides(tmp_path, root / "raw")
     paths = artifacts.Artifacts(tmp_path / "run")
     tokens = [t for t in paths.vocab_file.read_text().splitlines() if t != "[MASK]"]
     paths.vocab_file.write_text("\n".join(tokens) + "\n")
+    capsys.readouterr()
     assert cli.main(["data", "--config", "configs/test_tiny.yaml", *args]) == 2
+    err = capsys.readouterr().err
+    assert "vocab.txt" in err and "altered" in err and "rebuild it" in err, err
+    assert "[MASK]" not in err
+    artifacts.write_checksums(paths.vocab_dir)
+    assert cli.main(["data", "--config", "configs/test_tiny.yaml", *args]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "has no [MASK] token" in errors[0], errors
     assert not paths.data_dir.exists()
 
 

@@ -28,6 +28,7 @@ So touching the corpus re-runs corpus → data → pretrain (and what follows), 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -62,22 +63,34 @@ def _source(module: str, root: Path) -> Path | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _import_statements(source: str) -> tuple:
+    """The import statements of a source text, anywhere in it: (level, module, names) each.
+    Parsing is most of a code hash's time (~90 files a stage, every stage fingerprinted on each
+    invocation), so a text is parsed once per process; an edited file is a new text."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.append((0, None, tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module, tuple(alias.name for alias in node.names)))
+    return tuple(found)
+
+
 def _imported_modules(path: Path, module: str, root: Path) -> set[str]:
     """The project modules that `path` (the source of `module`) imports, anywhere in it."""
     found = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: `from . import x`, `from .a import b`
-                parents = package.split(".")[:len(package.split(".")) - node.level + 1]
+    for level, imported, aliases in _import_statements(path.read_text(encoding="utf-8")):
+        if imported is None and not level:  # `import a.b`
+            names = list(aliases)
+        else:
+            base = imported or ""
+            if level:  # relative: `from . import x`, `from .a import b`
+                parents = package.split(".")[:len(package.split(".")) - level + 1]
                 base = ".".join(parents + ([base] if base else []))
             # `from a import b` imports a, and a.b as well when b is a module.
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
+            names = [base] + [f"{base}.{alias}" for alias in aliases]
         found.update(name for name in names
                      if name.split(".")[0] in PROJECT_PACKAGES and _source(name, root))
     return found
