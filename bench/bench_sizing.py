@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -51,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import machine  # noqa: E402  (bench/machine.py: the CPU facts)
 from bench_data import measure  # noqa: E402  (wall time and peak RSS of a process tree)
 
 CONFIG = "configs/pretrain_tiny.yaml"
@@ -81,26 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def machine() -> dict:
-    flags = set()
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    wanted = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return {"cpu": model, "cores": os.cpu_count(), "flags": wanted,
-            "load_before": os.getloadavg()[0]}
+def machine_facts() -> dict:
+    model, flags = machine.cpu_facts()
+    return {"cpu": model, "cores": machine.cores(), "flags": [f for f, on in flags.items() if on],
+            "load_before": machine.load()}
 
 
 def _stage(stage: str, work: Path, run: str, corpus_glob: str, extra=()) -> dict:
+    # No --run-root: the demo corpus is the one `make setup` fetched under the project's root;
+    # every path the stage writes is given absolute.
     command = [sys.executable, "-m", "pipeline", stage, "--config", CONFIG, "--force",
-               "--run-root", str(work), f"run_dir={work / run}",
+               f"run_dir={work / run}",
                f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}",
                "tracking.experiment=bench-sizing", *extra]
     if corpus_glob:
@@ -139,7 +130,7 @@ def data_part(work: Path, docs: list[str], sizes: list[int]) -> dict:
         for stage in ("corpus", "vocab", "data"):
             row[stage] = _stage(stage, work, f"run-{size}x", str(work / f"text-{size}x" / "*.txt"))
             print(f"  data: {size:>2}x {mb:6.1f} MB {stage:<6} {row[stage]['wall_s']:6.1f} s "
-                  f"peak {row[stage]['peak_mb']:,.0f} MB  load {os.getloadavg()[0]:.2f}", flush=True)
+                  f"peak {row[stage]['peak_mb']:,.0f} MB  load {machine.load():.2f}", flush=True)
         stats = json.loads((work / f"run-{size}x" / "data" / "stats.json").read_text())
         manifest = json.loads((work / f"run-{size}x" / "corpus" / "manifest.json").read_text())
         train_mb = manifest["train"]["characters"] / MB  # the training split's text
@@ -176,10 +167,11 @@ def train_part(work: Path, presets, seqs, steps: int, warmup: int) -> list[dict]
             # A fresh process each: one preset's graphs and memory do not slow the next.
             out = work / f"train-{preset}-{seq}.json"
             code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
-                    f"import bench_sizing as b; json.dump(b.train_one({preset!r}, {seq}, {steps}, {warmup}), "
+                    f"import bench_sizing as b; "
+                    f"json.dump(b.train_one({preset!r}, {seq}, {steps}, {warmup}), "
                     f"open({str(out)!r}, 'w'))")
             env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-            load = os.getloadavg()[0]
+            load = machine.load()
             subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             row = json.loads(out.read_text())
@@ -200,7 +192,8 @@ def _pieces_per_word(vocab_file: Path, words: list[str]) -> tuple[float, float]:
     return float(counts.mean()), float((counts > 1).mean())
 
 
-def vocab_part(work: Path, docs: list[str], heldout: list[str], fractions, vocab_sizes) -> list[dict]:
+def vocab_part(work: Path, docs: list[str], heldout: list[str], fractions,
+               vocab_sizes) -> list[dict]:
     from tokenizers.pre_tokenizers import BertPreTokenizer
 
     words = [w for doc in heldout for w, _ in BertPreTokenizer().pre_tokenize_str(doc)]
@@ -240,7 +233,8 @@ def tables(result: dict) -> str:
                 "|---|" + "---|" * (len(data["rows"]) + 2)]
         for stage in ("corpus", "vocab", "data"):
             line = data["lines"][stage]
-            out.append(f"| {stage} | " + " | ".join(f"{r[stage]['wall_s']:.1f} s" for r in data["rows"])
+            walls = " | ".join(f"{r[stage]['wall_s']:.1f} s" for r in data["rows"])
+            out.append(f"| {stage} | {walls}"
                        + f" | {line['fixed_s']:.1f} s | {line['s_per_mb']:.2f} s |")
         out += ["", f"WordPiece tokens per MB of text: {data['document_tokens_per_mb']:,.0f}; "
                     f"training positions per MB (seq and dupe_factor of the default recipe): "
@@ -277,7 +271,7 @@ def main(argv=None) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    facts = machine()
+    facts = machine_facts()
     print(f"machine: {facts['cpu']}, {facts['cores']} cores, flags {' '.join(facts['flags'])}, "
           f"load {facts['load_before']:.2f}", flush=True)
     result = {"machine": facts, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -297,7 +291,7 @@ def main(argv=None) -> dict:
         result["vocab"] = vocab_part(work, docs, heldout,
                                      [int(f) for f in args.fractions.split(",")],
                                      [int(s) for s in args.vocab_sizes.split(",")])
-    result["load_after"] = os.getloadavg()[0]
+    result["load_after"] = machine.load()
     save()
     summary = []
     if "data" in result:
