@@ -432,3 +432,16 @@ def log_parameter_breakdown(model, artifact_dir: str = "params"):
     metrics.update({f"params_{k}": float(v) for k, v in breakdown.ratios.items()})
     mlflow.log_metrics(metrics)
     return breakdown
+
+
+@contextlib.contextmanager
+def nested_run(name: str, tags: dict | None = None):
+    """`child_run` under the active run, or nothing (None inside the block) without one: a
+    library's sub-run (e.g. a multi-task run's single-task baseline) where a run may be
+    active."""
+    parent = mlflow.active_run()
+    if parent is None:
+        yield None
+        return
+    with child_run(name, parent.info.run_id, tags) as run:
+        yield run
