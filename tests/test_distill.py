@@ -274,6 +274,7 @@ def outage_metric_history(run_id, key) -> list[int]:
     return sorted(m.step for m in mlflow.MlflowClient().get_metric_history(run_id, key))
 
 
+@pytest.mark.slow  # three runs of the stage, outputs written
 def test_distill_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_outage(
         teacher_dir, store, monkeypatch):  # noqa: F811
     """The uninterrupted run, with the tracking store down throughout: fine-tuning's progress

@@ -181,6 +181,7 @@ def test_shipped_configs_load():
     assert distill_config.distill.teacher.endswith("finetune/brown_genre")
 
 
+@pytest.mark.slow  # three runs of the stage, outputs written
 def test_multitask_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_outage(
         tmp_path, encoder_files, store, monkeypatch):  # noqa: F811
     """The uninterrupted run, with the tracking store down throughout: fine-tuning's progress
