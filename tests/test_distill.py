@@ -24,6 +24,7 @@ from pipeline.stages import distill
 
 from tests.test_finetune import ANIMALS, PLACES, sentence, sqlite_mlflow  # noqa: F401
 from tests.test_finetune_data import write_vocab
+from tests.test_tracking_outage import store  # noqa: F401
 
 
 def _softmax(z):
@@ -223,3 +224,102 @@ def test_distill_a_teacher_trained_by_the_finetune_stage(tmp_path, sqlite_mlflow
     teacher_model.write_bytes(bytes(data))
     with pytest.raises(artifacts.AlteredArtifact, match="model.keras.*make finetune"):
         distill.run(config, write_outputs=False)
+
+
+# ---------------------------------------------------------------------------
+# Fine-tuning's fit path: progress lines, resume after a kill, a tracking outage
+# ---------------------------------------------------------------------------
+class Killed(Exception):
+    """A simulated kill right after the first checkpoint was written."""
+
+
+def progress_lines(lines, label: str) -> tuple[list[int], list[int]]:
+    """(the steps of the progress lines, the steps of the epoch lines) that `label` printed, each
+    line in fine-tuning's format (`finetune: step 10/24  loss 0.6931  52 examples/s`,
+    `finetune: epoch 1  step 6  loss 0.6931  validation accuracy 0.5000  (3 s)`); any other
+    line of that label naming a step fails."""
+    import re
+
+    step = re.compile(rf"^{re.escape(label)}: step (\d+)/\d+  loss \d+\.\d{{4}}  [\d,]+ examples/s$")
+    epoch = re.compile(rf"^{re.escape(label)}: epoch \d+  step (\d+)  loss \d+\.\d{{4}}  "
+                       rf"validation \S+ \d+\.\d{{4}}  \(\d+ s\)$")
+    steps, epochs = [], []
+    for line in lines:
+        if m := step.match(line):
+            steps.append(int(m.group(1)))
+        elif m := epoch.match(line):
+            epochs.append(int(m.group(1)))
+        else:
+            assert not line.startswith(f"{label}: step ") and not line.startswith(
+                f"{label}: epoch "), line
+    return steps, epochs
+
+
+def killed_after_first_checkpoint(monkeypatch, run):
+    """`run()` killed (an exception) right after its first checkpoint was written."""
+    from pipeline.finetuning import runtime
+
+    save = runtime.Checkpoints.save
+
+    def save_then_die(self, model, evaluator):
+        if save(self, model, evaluator) is not None:
+            raise Killed
+    monkeypatch.setattr(runtime.Checkpoints, "save", save_then_die)
+    with pytest.raises(Killed):
+        run()
+    monkeypatch.setattr(runtime.Checkpoints, "save", save)
+
+
+def outage_metric_history(run_id, key) -> list[int]:
+    return sorted(m.step for m in mlflow.MlflowClient().get_metric_history(run_id, key))
+
+
+@pytest.mark.slow  # three runs of the stage, outputs written
+def test_distill_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_outage(
+        teacher_dir, store, monkeypatch):  # noqa: F811
+    """The uninterrupted run, with the tracking store down throughout: fine-tuning's progress
+    and epoch lines; once the store answers, every logged step and final figure is there. A run
+    killed after its first checkpoint (epoch 1's end) and started again resumes there and ends
+    with the uninterrupted run's history, test metrics and kept epoch."""
+    from pipeline.tracking import outbox
+    from tests.conftest import PipelineLines
+    from tests.test_tracking import free_port
+
+    folder, teacher = teacher_dir
+    uri, run_id = store
+
+    def config(name):
+        return distill_config(folder, teacher, "distill.epochs=3", "distill.hidden_loss=mse",
+                              f"distill.name={name}", "distill.init_from_teacher=false")
+
+    with mlflow.start_run(run_id=run_id):
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # nobody listens there
+        with PipelineLines() as lines:
+            straight = distill.run(config("straight"))
+        assert outbox.is_down()
+        mlflow.set_tracking_uri(uri)  # the store is back
+        sent, left = outbox.flush()
+        assert sent > 10 and left == 0
+    total = straight["distillation"]["total_steps"]
+    per_epoch = total // 3
+    steps, epochs = progress_lines(lines, "distill")
+    assert steps == list(range(10, total + 1, 10)), lines  # every 10 updates (at least)
+    assert epochs == [per_epoch, 2 * per_epoch, total], lines
+    assert outage_metric_history(run_id, "train_loss") == sorted(steps + epochs)
+    assert outage_metric_history(run_id, "train_soft_loss") == epochs
+    logged = mlflow.MlflowClient().get_run(run_id).data
+    assert logged.metrics["student_test_accuracy"] == straight["test"]["accuracy"]
+    assert logged.params["distill.total_steps"] == str(total)
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "distill")] == [
+        "distill/distill.json"]
+
+    killed_after_first_checkpoint(monkeypatch, lambda: distill.run(config("resumed")))
+    checkpoints = Path(config("resumed").run_dir) / "distill" / ".checkpoints" / "resumed"
+    assert [p.name for p in checkpoints.glob("ckpt-*")] == [f"ckpt-{per_epoch:08d}"]
+    with PipelineLines() as lines:
+        resumed = distill.run(config("resumed"))
+    assert (f"distill: resuming from ckpt-{per_epoch:08d} (step {per_epoch} of {total}, "
+            f"epoch 2)") in lines
+    assert resumed["history"] == straight["history"]  # exact: the epochs' losses and metrics
+    assert resumed["test"] == straight["test"] and resumed["best_epoch"] == straight["best_epoch"]
+    assert not checkpoints.exists()  # removed once the output folder is complete

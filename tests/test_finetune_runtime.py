@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import keras
 import numpy as np
@@ -29,6 +28,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.finetuning import runtime
 from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.finetuning.tasks.base import Split
 from pipeline.finetuning.task_model import load_backbone
 from pipeline.config.allowed import CHOICES
 from pipeline.training import pretrainer
@@ -41,20 +41,13 @@ N, SEQ = 64, 16
 PROJECT = artifacts.PROJECT_ROOT
 
 
-class ArraySplit(types.SimpleNamespace):
-    """A split's features in memory (x, y, sample_weight), as `runtime.fit` takes them."""
-
-    def __len__(self) -> int:
-        return len(next(iter(self.x.values())))
-
-
-def synthetic_split(seed: int = 0) -> ArraySplit:
+def synthetic_split(seed: int = 0) -> Split:
     """64 examples of 16 token ids of the 30-odd words of the tiny vocab; label = parity of the
     second token (learnable, so the loss falls)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(9, 40, (N, SEQ)).astype("int32")
     x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids)}
-    return ArraySplit(x=x, y={"logits": (ids[:, 1] % 2).astype("int32")}, sample_weight=None)
+    return Split(examples=[], x=x, y={"logits": (ids[:, 1] % 2).astype("int32")})
 
 
 def finetune_section(*overrides):

@@ -13,14 +13,6 @@ from pipeline import artifacts
 PIPELINE = artifacts.PROJECT_ROOT / "pipeline"
 # The packages that may talk to MLflow directly.
 MLFLOW_ALLOWED = ("pipeline/tracking/", "pipeline/serving/", "pipeline/tools/")
-# TEMPORARY: modules being moved onto the outbox by another change, let through until it lands.
-# This list is to be emptied when it does (the test then holds for every module).
-TEMPORARY_EXEMPT = frozenset({
-    "pipeline/finetuning/multitask.py",
-    "pipeline/finetuning/distillation.py",
-    "pipeline/stages/multitask.py",
-    "pipeline/stages/distill.py",
-})
 
 
 def mlflow_imports(path: Path) -> list[int]:
@@ -44,7 +36,7 @@ def offenders(root: Path) -> dict[str, list[int]]:
     found = {}
     for path in sorted(root.rglob("*.py")):
         name = path.relative_to(root.parent).as_posix()
-        if name.startswith(MLFLOW_ALLOWED) or name in TEMPORARY_EXEMPT:
+        if name.startswith(MLFLOW_ALLOWED):
             continue
         lines = mlflow_imports(path)
         if lines:
@@ -73,11 +65,3 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
     (root / "tracking" / "e.py").write_text("import mlflow\n")
     assert offenders(root) == {"pipeline/stages/a.py": [2], "pipeline/stages/b.py": [2],
                                "pipeline/stages/c.py": [1]}
-
-
-def test_the_temporary_exemptions_are_still_needed():
-    """An exempt module that no longer imports mlflow leaves the list (so it cannot regress)."""
-    stale = [name for name in sorted(TEMPORARY_EXEMPT)
-             if not (PIPELINE.parent / name).is_file()
-             or not mlflow_imports(PIPELINE.parent / name)]
-    assert not stale, f"drop from TEMPORARY_EXEMPT: {stale}"

@@ -18,8 +18,10 @@ from pipeline.finetuning import multitask as multitask_lib
 from pipeline.text import vocab as vocab_lib
 from pipeline.stages import multitask
 
+from tests.test_distill import killed_after_first_checkpoint, outage_metric_history, progress_lines
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, sentence, sqlite_mlflow  # noqa: F401
 from tests.test_finetune_data import WORDS
+from tests.test_tracking_outage import store  # noqa: F401
 
 
 def write_fixtures(tmp_path):
@@ -177,3 +179,54 @@ def test_shipped_configs_load():
     assert tasks[1].finetune.max_seq_length == 96
     distill_config = config_lib.load("configs/distill_brown.yaml")
     assert distill_config.distill.teacher.endswith("finetune/brown_genre")
+
+
+@pytest.mark.slow  # three runs of the stage, outputs written
+def test_multitask_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_outage(
+        tmp_path, encoder_files, store, monkeypatch):  # noqa: F811
+    """The uninterrupted run, with the tracking store down throughout: fine-tuning's progress
+    and epoch lines; once the store answers, every logged step and final figure is there. A run
+    killed after its first checkpoint (update 3, inside epoch 1) and started again resumes there
+    and ends with the uninterrupted run's batches, history and metrics."""
+    from pipeline.tracking import outbox
+    from tests.conftest import PipelineLines
+    from tests.test_tracking import free_port
+
+    write_fixtures(tmp_path)
+    uri, run_id = store
+
+    def config(name):
+        return make_config(tmp_path, encoder_files, "multitask.steps=24", f"multitask.name={name}",
+                           "multitask.compare_single_task=false", "finetune.checkpoint_every=3")
+
+    with mlflow.start_run(run_id=run_id):
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # nobody listens there
+        with PipelineLines() as lines:
+            straight = multitask.run(config("straight"))
+        assert outbox.is_down()
+        mlflow.set_tracking_uri(uri)  # the store is back
+        sent, left = outbox.flush()
+        assert sent > 5 and left == 0
+    steps, epochs = progress_lines(lines, "multitask")
+    assert steps == [10, 20], lines
+    assert epochs == [e["step"] for e in straight["history"]] and epochs[-1] == 24, lines
+    assert sum(straight["batches"].values()) == 24
+    assert outage_metric_history(run_id, "train_loss") == sorted(steps + epochs)
+    assert outage_metric_history(run_id, "tags.train_loss") == epochs
+    logged = mlflow.MlflowClient().get_run(run_id).data
+    assert logged.metrics["topic.test_accuracy"] == straight["multitask"]["topic"]["test"][
+        "accuracy"]
+    assert logged.metrics["tags.batches"] == straight["batches"]["tags"]
+    assert logged.params["multitask.total_steps"] == "24"
+    assert "multitask/metrics.json" in [
+        a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "multitask")]
+
+    killed_after_first_checkpoint(monkeypatch, lambda: multitask.run(config("resumed")))
+    checkpoints = tmp_path / "run" / "multitask" / ".checkpoints" / "resumed" / "mixed"
+    assert [p.name for p in checkpoints.glob("ckpt-*")] == ["ckpt-00000003"]
+    with PipelineLines() as lines:
+        resumed = multitask.run(config("resumed"))
+    assert "multitask: resuming from ckpt-00000003 (step 3 of 24, epoch 1)" in lines
+    for key in ("batches", "history", "multitask", "best_epoch"):
+        assert resumed[key] == straight[key], key  # exact
+    assert not checkpoints.exists()  # removed once the output folder is complete

@@ -20,12 +20,16 @@ log = logging.getLogger(__name__)
 # Training
 # ---------------------------------------------------------------------------
 class EpochEvaluator(keras.callbacks.Callback):
-    """After every epoch: the validation metrics, logged; the best epoch's weights kept."""
+    """After every epoch: the validation metrics, logged; the best epoch's weights kept.
+    `train_logs`: more of the epoch's training logs to keep in the history, {log key: history
+    key} (a model whose `train_step` reports several losses)."""
 
-    def __init__(self, evaluate_fn, metric: str, to_mlflow: bool, label: str = "finetune"):
+    def __init__(self, evaluate_fn, metric: str, to_mlflow: bool, label: str = "finetune",
+                 train_logs: dict | None = None):
         super().__init__()
         self.evaluate_fn, self.metric = evaluate_fn, metric
         self.to_mlflow, self.label = to_mlflow, label
+        self.train_logs = dict(train_logs or {})
         self.best, self.best_epoch, self.best_weights, self.history = -np.inf, -1, None, []
         self.best_result = None
         self.stopped_for_time = False  # set by the trainer: finetune.max_seconds ended training
@@ -36,6 +40,7 @@ class EpochEvaluator(keras.callbacks.Callback):
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         entry = {"epoch": epoch + 1, "step": step,
                  "train_loss": float((logs or {}).get("loss", np.nan)),
+                 **{key: float((logs or {}).get(k, np.nan)) for k, key in self.train_logs.items()},
                  **{f"val_{k}": v for k, v in result.items() if isinstance(v, float)}}
         self.history.append(entry)
         if self.to_mlflow:  # kept if the tracking store is down (pipeline/tracking/outbox.py)

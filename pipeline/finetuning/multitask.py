@@ -1,5 +1,11 @@
 """Multi-task fine-tuning: one shared encoder, a head per task, batches mixed across tasks by
 ratio, each task also trained alone as a baseline; the comparison table.
+
+Training goes through fine-tuning's `runtime.fit_best_epoch`: the `MultitaskModel` routes each
+batch of the `TaskMix` stream to its task's model; checkpoints in
+<run_dir>/multitask/.checkpoints/<name>/ (a run killed and started again resumes there), the
+progress lines, the tasks' mean validation metric after every epoch with the best epoch kept,
+and the metrics through the outbox (pipeline/tracking/outbox.py).
 """
 
 from __future__ import annotations
@@ -8,21 +14,21 @@ import dataclasses
 import json
 import logging
 import math
-import time
-import warnings
 
 import keras
-import mlflow
 import numpy as np
 
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
+from models import preprocessor
 from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
-from models import preprocessor
+from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.finetuning.tasks.base import Split
 from pipeline.text import vocab as vocab_lib
+from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
 
@@ -67,52 +73,173 @@ def task_schedule(ratios, seed: int):
 
 
 def task_batches(split, batch_size: int, seed: int):
-    """An endless, reshuffled stream of full (x, y, sample_weight) batches of one task: its
-    TFRecords streamed (records.RecordSplit), or a Split in memory."""
+    """An endless, reshuffled stream of full (x, y[, sample_weight]) batches of one task: a
+    Split in memory, or its TFRecords streamed (records.RecordSplit)."""
     import tensorflow as tf
 
-    if hasattr(split, "dataset"):
+    if not isinstance(split, Split):
         return split.dataset(batch_size, records.SHUFFLE_BUFFER, seed)
-
-    n = len(next(iter(split.x.values())))
+    n = len(split)
     parts = (split.x, split.y) + ((split.sample_weight,) if split.sample_weight else ())
     ds = tf.data.Dataset.from_tensor_slices(parts)
     ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
     return ds.batch(batch_size, drop_remainder=True).prefetch(2)
 
 
-def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
-                label: str = "multitask", progress_every: int = 50) -> dict:
-    """`steps` optimizer steps, each on one batch of the task the schedule draws.
+def _seed(seed, *more) -> int:
+    return int(np.random.default_rng([*np.atleast_1d(seed).tolist(), *more]).integers(1 << 31))
 
-    Returns {"batches": {task: count}, "train_loss": {task: mean loss of its last batches}}.
-    """
-    streams = {t.name: iter(task_batches(t.splits["train"], batch_size, seed + i))
-               for i, t in enumerate(tasks)}
-    schedule = iter(task_schedule([t.spec.sampling_ratio for t in tasks], seed))
-    counts = {t.name: 0 for t in tasks}
-    recent = {t.name: [] for t in tasks}
-    started = time.time()
-    for step in range(1, steps + 1):
-        task = tasks[int(next(schedule))]
-        batch = next(streams[task.name])
-        x, y = batch[0], batch[1]
-        weights = batch[2] if len(batch) == 3 else None
-        with warnings.catch_warnings():  # a token task's step leaves the shared pooler alone
-            warnings.filterwarnings("ignore", message=".*Gradients do not exist for variables.*")
-            logs = task.model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
-        counts[task.name] += 1
-        recent[task.name] = (recent[task.name] + [float(logs["loss"])])[-20:]
-        if step % progress_every == 0 or step == steps:
-            rate = step * batch_size / max(time.time() - started, 1e-9)
-            losses = {n: float(np.mean(v)) for n, v in recent.items() if v}
-            log.info(f"{label}: step {step}/{steps}  " +
-                     "  ".join(f"{n} loss {v:.4f}" for n, v in losses.items()) +
-                     f"  {rate:,.0f} examples/s")
-            if mlflow.active_run():
-                mlflow.log_metrics({f"{n}.train_loss": v for n, v in losses.items()}, step=step)
-    return {"batches": counts,
-            "train_loss": {n: float(np.mean(v)) if v else float("nan") for n, v in recent.items()}}
+
+@dataclasses.dataclass
+class TaskMix:
+    """The training stream of a multi-task run, for `runtime.fit`: an epoch is as many batches
+    as every task's training split has (`len`: that many batches' examples); each batch is one
+    task's, the task drawn with probability ratio_i. An element is (task index, slots): slot i
+    the drawn task's (x, y[, sample_weight]) batch, every other slot an empty batch of its
+    task's shapes (one element structure for all tasks). Seeded by (finetune.seed, epoch): a
+    resumed epoch sees the batches an uninterrupted one sees."""
+    splits: list
+    ratios: list
+    batch_size: int
+
+    def batches_per_epoch(self) -> int:
+        return sum(math.ceil(len(s) / self.batch_size) for s in self.splits)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch() * self.batch_size
+
+    def epoch_dataset(self, batch_size: int, seed, batches: int | None = None, skip: int = 0):
+        import tensorflow as tf
+
+        streams = [task_batches(split, batch_size, _seed(seed, i))
+                   for i, split in enumerate(self.splits)]
+        empty = [tf.nest.map_structure(
+            lambda spec: tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype),
+            stream.element_spec) for stream in streams]
+
+        def slotted(i):
+            return lambda *batch: (tf.constant(i, tf.int32), tuple(
+                batch if j == i else empty[j] for j in range(len(streams))))
+
+        slotted_streams = [stream.map(slotted(i)) for i, stream in enumerate(streams)]
+        schedule = task_schedule(self.ratios, _seed(seed, len(streams)))
+        batches = self.batches_per_epoch() if batches is None else batches
+        choices = schedule.take(batches).map(lambda i: tf.cast(i, tf.int64))
+        mixed = tf.data.Dataset.choose_from_datasets(slotted_streams, choices)
+        known = tf.data.experimental.assert_cardinality(max(0, batches - skip))
+        return mixed.skip(skip).apply(known).prefetch(tf.data.AUTOTUNE)
+
+
+# ---------------------------------------------------------------------------
+# The model `fit` trains
+# ---------------------------------------------------------------------------
+class MultitaskModel(keras.Model):
+    """The task models (one shared encoder) as one model for `fit`: `train_step` takes a
+    `TaskMix` element and routes it to the drawn task's model (`tf.switch_case`), whose
+    compiled loss (scaled by the task's weight) updates the encoder and that task's head with
+    the one optimizer. Its metrics: the epoch's mean loss, overall and per task
+    ("<task>.loss"); `batch_counts` the batches each task has had (kept in checkpoints)."""
+
+    def __init__(self, task_models: list, names: list, **kwargs):
+        super().__init__(name="multitask", **kwargs)
+        self.task_models = list(task_models)
+        self.task_names = list(names)
+        self.trackers = [keras.metrics.Mean(name="loss")] + [
+            keras.metrics.Mean(name=f"{name}.loss") for name in names]
+        self.batch_counts = self.add_weight(shape=(len(names),), initializer="zeros",
+                                            trainable=False, name="batch_counts")
+        self.built = True  # of built parts: nothing to build on a first call
+
+    @property
+    def metrics(self):
+        return list(self.trackers)
+
+    def _task_step(self, i: int, batch):
+        import tensorflow as tf
+
+        model = self.task_models[i]
+        x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weights,
+                                      training=True)
+        variables = model.trainable_variables
+        # A token task's step leaves the shared pooler alone: no gradient there.
+        pairs = [(g, v) for g, v in zip(tape.gradient(loss, variables), variables)
+                 if g is not None]
+        self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+        self.trackers[i + 1].update_state(loss)
+        self.batch_counts.assign_add(tf.one_hot(i, len(self.task_models)))
+        return tf.cast(loss, "float32")
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        index, slots = data
+        loss = tf.switch_case(index, [lambda i=i: self._task_step(i, slots[i])
+                                      for i in range(len(self.task_models))])
+        self.trackers[0].update_state(loss)
+        return {tracker.name: tracker.result() for tracker in self.trackers}
+
+
+def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
+                label: str = "multitask", saved=None, to_mlflow: bool = True) -> dict:
+    """`steps` optimizer updates through fine-tuning's `fit` path (`runtime.fit_best_epoch`:
+    progress lines, checkpoints when `saved` is given, the mean of the tasks' validation
+    metrics after every epoch, the best epoch kept), each update on one batch of the task the
+    schedule draws. Returns {"batches": {task: count}, "train_loss": {task: the last epoch's
+    mean loss}, "best_epoch", "history"}."""
+    fc = dataclasses.replace(tasks[0].spec.finetune, batch_size=batch_size, seed=seed,
+                             grad_accum_steps=1)
+    names = [t.name for t in tasks]
+    with tasks[0].model.distribute_strategy.scope():  # the task models' strategy
+        model = MultitaskModel([t.model for t in tasks], names)
+    model.compile(optimizer=tasks[0].model.optimizer,
+                  **{**runtime.compile_options(fc), "jit_compile": False})
+    for i, task in enumerate(tasks):  # each compiled loss built outside the routed step
+        x, y, weights = keras.utils.unpack_x_y_sample_weight(
+            next(iter(task_batches(task.splits["train"], 2, seed))))
+        task.model.compute_loss(x=x, y=y, y_pred=task.model(x, training=False),
+                                sample_weight=weights, training=False)
+    mix = TaskMix([t.splits["train"] for t in tasks], [t.spec.sampling_ratio for t in tasks],
+                  batch_size)
+
+    def evaluate_validation():
+        scores = {f"{t.name}.{t.data.metric}": float(
+            t.task.evaluate(t.model, t.splits["validation"], t.data)[0][t.data.metric])
+            for t in tasks}
+        return {"mean_task_metric": float(np.mean(list(scores.values()))), **scores}
+
+    evaluator = EpochEvaluator(evaluate_validation, "mean_task_metric", to_mlflow=to_mlflow,
+                               label=label,
+                               train_logs={f"{n}.loss": f"{n}.train_loss" for n in names})
+    epochs = math.ceil(steps / mix.batches_per_epoch())
+    runtime.fit_best_epoch(model, mix, fc, steps, epochs, evaluator, saved, keep_best=False)
+    counts = keras.ops.convert_to_numpy(model.batch_counts)
+    last = evaluator.history[-1] if evaluator.history else {}
+    runtime.keep_best_epoch(model, evaluator)
+    return {"batches": {n: int(round(float(c))) for n, c in zip(names, counts)},
+            "train_loss": {n: float(last.get(f"{n}.train_loss", float("nan"))) for n in names},
+            "best_epoch": evaluator.best_epoch, "history": evaluator.history}
+
+
+def checkpoints(config: Config, tasks: list[Task], model_path, vocab_path,
+                name: str) -> runtime.Checkpoints:
+    """<run_dir>/multitask/.checkpoints/<multitask.name>/<name>/ (name: "mixed", or a
+    task's for its single-task baseline), for the settings that shape training: the multitask
+    and finetune sections, the encoder's and vocab's digests, every task's splits."""
+    fc = config.finetune
+    sections = config_lib.to_dict(config)
+    settings = {"multitask": sections["multitask"],
+                "finetune": {k: v for k, v in sorted(sections["finetune"].items())
+                             if k not in runtime.NOT_SHAPING},
+                "init_model_sha256": artifacts.sha256_file(model_path),
+                "vocab_sha256": artifacts.sha256_file(vocab_path),
+                "splits": json.loads(json.dumps({t.name: t.data.splits for t in tasks},
+                                                default=str))}
+    folder = (artifacts.Artifacts(config.run_dir).multitask(config.multitask.name).dir.parent
+              / ".checkpoints" / config.multitask.name / name)
+    return runtime.Checkpoints(folder, settings, fc.keep_checkpoints, fc.checkpoint_every)
 
 
 # ---------------------------------------------------------------------------
@@ -181,16 +308,20 @@ def _floats(d: dict) -> dict:
     return {k: float(v) for k, v in d.items() if isinstance(v, (float, np.floating))}
 
 
-def _log_task_metrics(results: dict) -> None:
+def log_task_metrics(results: dict) -> None:
     flat = {}
     for name, result in results.items():
         for split in ("validation", "test"):
             flat.update({f"{name}.{split}_{k}": v for k, v in _floats(result[split]).items()})
-    mlflow.log_metrics(flat)
+    outbox.log_metrics(flat)
 
 
-def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int, strategy) -> dict:
-    """`task` alone, from a fresh copy of the same encoder, for the same steps, as a nested run."""
+def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int, strategy,
+                         saved=None) -> dict:
+    """`task` alone, from a fresh copy of the same encoder, for the same steps, as a nested run
+    (`saved`: its checkpoints)."""
+    from pipeline.tracking import runs
+
     fc = config.finetune
     keras.utils.set_random_seed(fc.seed)
     backbone = fresh_backbone()
@@ -198,30 +329,22 @@ def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int,
                  task.splits)
     with strategy.scope():
         build_models([alone], backbone, fc, steps)
-    parent = mlflow.active_run()
-    context = (mlflow.start_run(run_name=f"single-task: {task.name}", nested=True,
-                                experiment_id=parent.info.experiment_id,
-                                tags={"pipeline.stage": "multitask-single-task",
-                                      "multitask.task": task.name})
-               if parent else _null())
-    with context as child:
+    with runs.nested_run(f"single-task: {task.name}",
+                         tags={"pipeline.stage": "multitask-single-task",
+                               "multitask.task": task.name}) as child:
         if child is not None:
-            mlflow.log_params({"multitask.task": task.name, "multitask.total_steps": steps,
-                               "finetune.learning_rate": fc.learning_rate,
-                               "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed})
+            outbox.deferred("pipeline.tracking.runs:log_params", [{
+                "multitask.task": task.name, "multitask.total_steps": steps,
+                "finetune.learning_rate": fc.learning_rate,
+                "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed}])
         log.info(f"multitask: single-task baseline {task.name}: {steps} steps")
-        train_mixed([alone], steps, fc.batch_size, fc.seed, label=f"single {task.name}")
+        train_mixed([alone], steps, fc.batch_size, fc.seed, label=f"single {task.name}",
+                    saved=saved)
         result = evaluate_tasks([alone])[task.name]
         if child is not None:
-            _log_task_metrics({task.name: result})
+            log_task_metrics({task.name: result})
             result["mlflow_run_id"] = child.info.run_id
     return result
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def comparison(results: dict, tasks: list[Task]) -> list[dict]:
@@ -278,8 +401,6 @@ def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_pa
             out.comparison_md.write_text(comparison_markdown(results["comparison"]) + "\n")
         artifacts.write_checksums(tmp)  # last
     log.info(f"multitask: wrote {paths.dir}")
-    if not mlflow.active_run():
-        return
     for path in (paths.metrics, paths.comparison_md, paths.comparison_json, paths.config):
         if path.exists():
-            mlflow.log_artifact(str(path), "multitask")
+            outbox.log_artifact(path, "multitask")

@@ -14,6 +14,14 @@ and meanings, on the finetune stage's model.
                        best epoch and its weights) and the epoch's running metrics; written
                        aside and renamed, the newest finetune.keep_checkpoints kept
     fit                `model.fit` one epoch at a time, from the latest checkpoint
+    fit_best_epoch     `fit` with the progress lines, the validation metric after every epoch
+                       and the best epoch kept: what fine-tuning, multi-task training and
+                       distillation all train through (each a `keras.Model` with its own
+                       `train_step` where the task needs one)
+
+What `fit` trains on is a `Split` in memory (arrays) or a stream with an `epoch_dataset`
+(`records.RecordSplit`: one task's TFRecords; `multitask.TaskMix`: the tasks' batches mixed);
+`len` of either is the examples of one epoch.
 
 A run killed at any moment and started again with the same settings resumes from its latest
 checkpoint and ends with the weights, history and metrics of an uninterrupted run (bit for
@@ -36,6 +44,7 @@ import numpy as np
 
 from models.schedules import WarmupPolynomialDecay
 from pipeline import artifacts
+from pipeline.finetuning.tasks.base import Split
 from pipeline.training import pretrainer
 from pipeline.training.callbacks import _WeightsBuffer
 from pipeline.training.checkpoints import (
@@ -282,7 +291,8 @@ class Checkpoints:
         """Loads `folder` into `model` (weights, optimizer, seed states) and `evaluator`;
         returns (step, the running metrics' values at that step)."""
         optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
         model.load_weights(str(folder / WEIGHTS))
         restore_seed_states(model, folder / WEIGHTS)  # dropout draws the masks it would have
         state = json.loads((folder / "state.json").read_text())
@@ -382,17 +392,17 @@ def fit(model, split, fc, total_steps: int, epochs: int, evaluator, callbacks: l
     With `checkpoints`: resumes from the latest and writes them (`_Saver`). One `model.fit` per
     epoch, on the examples in `epoch_order` (a resumed epoch without the updates already done).
     Returns the step it started from."""
-    n = len(split)  # a Split in memory, or a records.RecordSplit streamed from TFRecords
+    n = len(split)  # a Split in memory, or a stream (records.RecordSplit, multitask.TaskMix)
     per_epoch = updates_per_epoch(n, fc)
     start, running = 0, None
     latest = checkpoints.prepare() if checkpoints is not None else None
     if latest is not None:
         if not model.built:
-            model(_take(split.x, np.arange(1)) if hasattr(split, "x")
+            model(_take(split.x, np.arange(1)) if isinstance(split, Split)
                   else next(split.batches(1))[1])
         start, running = checkpoints.restore(model, evaluator, latest[1])
-        log.info(f"finetune: resuming from {latest[1].name} (step {start} of {total_steps}, epoch "
-                 f"{start // per_epoch + 1})")
+        log.info(f"{evaluator.label}: resuming from {latest[1].name} "
+                 f"(step {start} of {total_steps}, epoch {start // per_epoch + 1})")
     if start >= total_steps:
         return start
     saver = ([_Saver(checkpoints, evaluator, fc, per_epoch, total_steps)]
@@ -404,18 +414,60 @@ def fit(model, split, fc, total_steps: int, epochs: int, evaluator, callbacks: l
         extra = [_RunningMetrics(running)] if done and running else []
         for s in saver:
             s.start(done, global_step(model))
-        if hasattr(split, "epoch_dataset"):  # TFRecords: the epoch's batches, streamed
+        if isinstance(split, Split):
+            model.fit(_take(split.x, order), _take(split.y, order),
+                      sample_weight=_take(split.sample_weight, order), batch_size=micro_batch,
+                      epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
+                      callbacks=[*extra, *callbacks, *saver], verbose=0)
+        else:  # a stream: the epoch's batches (the same seed, the same order)
             batches = per_epoch * accumulation(fc) if accumulation(fc) > 1 else None
             model.fit(split.epoch_dataset(micro_batch, [fc.seed, epoch], batches,
                                           skip=done * accumulation(fc)),
-                      epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
-                      callbacks=[*extra, *callbacks, *saver], verbose=0)
-        else:
-            model.fit(_take(split.x, order), _take(split.y, order),
-                      sample_weight=_take(split.sample_weight, order), batch_size=micro_batch,
                       epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
                       callbacks=[*extra, *callbacks, *saver], verbose=0)
         done = 0
         if model.stop_training or global_step(model) >= total_steps:
             break
     return start
+
+
+def fit_best_epoch(model, train, fc, total_steps: int, epochs: int, evaluator,
+                   checkpoints: Checkpoints | None = None, max_seconds: float = 0.0,
+                   keep_best: bool = True):
+    """`fit` with `evaluator` (an EpochEvaluator: the validation metric after every epoch, the
+    best epoch's weights kept), a `Progress` line every quarter epoch (at least every 10
+    updates; a bar on a terminal) and `StopAt` (`total_steps` updates, or `max_seconds` of
+    training counted from the start or the resumption; the interrupted epoch is evaluated,
+    `evaluator.stopped_for_time` says so). With `keep_best`, the best epoch's weights are put
+    back into `model`. Returns `evaluator`."""
+    import time
+
+    from pipeline.finetuning.callbacks import Progress
+    from pipeline.training.callbacks import StopAt
+
+    label = evaluator.label
+    steps_per_epoch = updates_per_epoch(len(train), fc)
+    began = time.time()
+    stop = StopAt(total_steps, max_seconds, lambda: time.time() - began)
+    fit(model, train, fc, total_steps, epochs, evaluator,
+        [stop, evaluator,
+         Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size * accumulation(fc),
+                  to_mlflow=evaluator.to_mlflow, label=label)],
+        checkpoints)
+    evaluator.stopped_for_time = stop.stopped_early
+    if stop.stopped_early:
+        step = evaluator.history[-1]["step"] if evaluator.history else 0
+        log.info(f"{label}: stopped at step {step} of {total_steps} after {time.time() - began:.0f} "
+                 f"s of training (finetune.max_seconds = {max_seconds:g}); the best epoch so far "
+                 f"is kept")
+    if keep_best:
+        keep_best_epoch(model, evaluator)
+    return evaluator
+
+
+def keep_best_epoch(model, evaluator) -> None:
+    """Puts the best epoch's weights back into `model` (when it is not the last one)."""
+    if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
+        model.set_weights(evaluator.best_weights)
+        log.info(f"{evaluator.label}: keeping epoch {evaluator.best_epoch} (best validation "
+                 f"{evaluator.metric} {evaluator.best:.4f})")

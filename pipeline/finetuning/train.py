@@ -34,7 +34,7 @@ from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import records, runtime, tasks
-from pipeline.finetuning.callbacks import EpochEvaluator, Progress
+from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.outputs import _report, compare_with_baselines, write_and_log
 from pipeline.finetuning.task_model import (
     FinetuneError,
@@ -44,7 +44,6 @@ from pipeline.finetuning.task_model import (
 )
 from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox
-from pipeline.training.callbacks import StopAt
 
 log = logging.getLogger(__name__)
 
@@ -193,26 +192,8 @@ def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: 
 
     evaluator = EpochEvaluator(evaluate_validation, data.metric, to_mlflow=to_mlflow,
                                label=label)
-    train = splits["train"]
-    steps_per_epoch = runtime.updates_per_epoch(len(train), fc)
-    examples_per_update = fc.batch_size * runtime.accumulation(fc)
-    began = time.time()
-    stop = StopAt(total_steps, max_seconds, lambda: time.time() - began)
-    runtime.fit(model, train, fc, total_steps, epochs, evaluator,
-                [stop, evaluator,
-                 Progress(max(10, steps_per_epoch // 4), total_steps, examples_per_update,
-                          to_mlflow=to_mlflow, label=label)],
-                checkpoints)
-    evaluator.stopped_for_time = stop.stopped_early
-    if stop.stopped_early:
-        step = evaluator.history[-1]["step"] if evaluator.history else 0
-        log.info(f"{label}: stopped at step {step} of {total_steps} after {time.time() - began:.0f} "
-                 f"s of training (finetune.max_seconds = {max_seconds:g}); the best epoch so far "
-                 f"is kept")
-    if evaluator.best_weights is not None and evaluator.best_epoch != len(evaluator.history):
-        model.set_weights(evaluator.best_weights)
-        log.info(f"{label}: keeping epoch {evaluator.best_epoch} (best validation {data.metric} "
-                 f"{evaluator.best:.4f})")
+    runtime.fit_best_epoch(model, splits["train"], fc, total_steps, epochs, evaluator,
+                           checkpoints, max_seconds)
     if evaluator.best_result is not None:  # what validation chose for the kept weights
         task.keep(evaluator.best_result)
     return evaluator
