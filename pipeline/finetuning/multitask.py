@@ -343,7 +343,7 @@ def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int,
         result = evaluate_tasks([alone])[task.name]
         if child is not None:
             log_task_metrics({task.name: result})
-            result["mlflow_run_id"] = child.info.run_id
+            result["mlflow_run_id"] = child
     return result
 
 
