@@ -71,6 +71,8 @@ which is phase 2's. A re-run after phase 1 finished goes straight to phase 2's l
 
 ## Your own corpus
 
+How big a vocabulary, which model and sequence length, and how long each stage takes per MB of
+text: [your own corpus](your-corpus.md). The keys:
 `corpus.source: files` and `corpus.path: "/data/text/*.txt"` (comma-separate several globs;
 plain, `.gz` or `.bz2` files, read as a stream) in `corpus.format`, e.g.
 `make pretrain ARGS="corpus.source=files corpus.format=text corpus.path='/data/docs/*.txt.gz'"`

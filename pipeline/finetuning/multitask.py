@@ -28,7 +28,7 @@ from pipeline.finetuning import tasks as task_registry
 from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.tasks.base import Split
 from pipeline.text import vocab as vocab_lib
-from pipeline.tracking import outbox
+from pipeline.tracking import outbox, runs
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,6 @@ def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int,
                          saved=None) -> dict:
     """`task` alone, from a fresh copy of the same encoder, for the same steps, as a nested run
     (`saved`: its checkpoints)."""
-    from pipeline.tracking import runs
 
     fc = config.finetune
     keras.utils.set_random_seed(fc.seed)
@@ -333,10 +332,10 @@ def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int,
                          tags={"pipeline.stage": "multitask-single-task",
                                "multitask.task": task.name}) as child:
         if child is not None:
-            outbox.deferred("pipeline.tracking.runs:log_params", [{
+            runs.log_params({
                 "multitask.task": task.name, "multitask.total_steps": steps,
                 "finetune.learning_rate": fc.learning_rate,
-                "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed}])
+                "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed})
         log.info(f"multitask: single-task baseline {task.name}: {steps} steps")
         train_mixed([alone], steps, fc.batch_size, fc.seed, label=f"single {task.name}",
                     saved=saved)

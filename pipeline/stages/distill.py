@@ -41,7 +41,7 @@ from pipeline.finetuning import data as fd
 from pipeline.finetuning import distillation as distill_lib
 from pipeline.finetuning import outputs, records, runtime, tasks
 from pipeline.text import vocab as vocab_lib
-from pipeline.tracking import outbox
+from pipeline.tracking import outbox, runs
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,10 @@ def run(config: Config, write_outputs: bool = True) -> dict:
                 else "random init")
              + f"); T={dc.temperature} alpha={dc.alpha} hidden={dc.hidden_loss}"
              f"{'/' + dc.hidden_match if dc.hidden_loss != 'none' else ''}; {total_steps} steps")
-    outbox.deferred("pipeline.tracking.runs:log_params", [{
+    runs.log_params({
         "distill.teacher_dir": str(teacher.dir),
         **{f"distill.student.{k}": v for k, v in sizes.items()},
-        "distill.initialised_from_layers": str(copied), "distill.total_steps": total_steps}])
+        "distill.initialised_from_layers": str(copied), "distill.total_steps": total_steps})
 
     # 3. Train: the Distiller through fine-tuning's fit path, resuming from its checkpoints.
     distiller = distill_lib.Distiller(teacher.model, student, dc)

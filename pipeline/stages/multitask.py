@@ -49,7 +49,7 @@ from pipeline.finetuning.multitask import (
 )
 from pipeline.finetuning.task_model import FinetuneError
 from pipeline.text import vocab as vocab_lib
-from pipeline.tracking import outbox
+from pipeline.tracking import outbox, runs
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,11 @@ def run(config: Config, write_outputs: bool = True) -> dict:
     log.info(f"multitask: {len(tasks)} tasks on {model_path}, {steps} steps of batch "
              f"{fc.batch_size}, lr {fc.learning_rate}; batch shares " +
              ", ".join(f"{t.name} {r:.2f}" for t, r in zip(tasks, ratios)))
-    outbox.deferred("pipeline.tracking.runs:log_params", [{
+    runs.log_params({
         "multitask.total_steps": steps, "multitask.init_model": str(model_path),
         **{f"multitask.{t.name}.weight": t.spec.weight for t in tasks},
         **{f"multitask.{t.name}.sampling_share": round(r, 6) for t, r in zip(tasks, ratios)},
-        **{f"multitask.{t.name}.train_examples": len(t.data.train) for t in tasks}}])
+        **{f"multitask.{t.name}.train_examples": len(t.data.train) for t in tasks}})
 
     def saved(name):  # checkpoints (the stage's run): a re-run resumes there
         return (checkpoints(config, tasks, model_path, vocab_path, name) if write_outputs
