@@ -22,6 +22,7 @@ help:
 	@echo "make test       run the tests, the slow end-to-end ones included (TEST_WORKERS=2 processes)"
 	@echo "make test-fast  the tests but those marked slow (pytest -m 'not slow')"
 	@echo "make setup      only the venv (requirements.lock; GPU=1 adds requirements-gpu.txt) and the demo corpus; make test-setup adds requirements-test.txt and PostgreSQL"
+	@echo "make docs          build the documentation site into build/site/ (make docs-serve: serve it on http://127.0.0.1:8000, DOCS_PORT=)"
 	@echo "make config-docs   regenerate docs/configuration.md from the key declarations"
 	@echo "make cli-docs      regenerate docs/cli.md, every command and its flags, from the commands' parsers"
 	@echo "make clean-runs  remove runs/, mlflow.db, mlartifacts/; make clean also removes .venv and data/"
@@ -63,7 +64,7 @@ $(STAMP): requirements.lock $(if $(GPU),requirements-gpu.txt)
 	$(if $(GPU),$(VENV)/bin/pip install --quiet -r requirements-gpu.txt)
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP) requirements-test.txt
+$(TEST_STAMP): $(STAMP) requirements-test.txt requirements-docs.txt
 	$(VENV)/bin/pip install --quiet -r requirements-test.txt
 	touch $(TEST_STAMP)
 
@@ -228,6 +229,22 @@ fault-suite: test-setup
 # ---- tests ----
 # docs/configuration.md's reference, generated from the key declarations (pipeline/config/
 # sections.py, beam_jobs/settings.py); tests/test_config_docs.py fails when it is stale.
+# The documentation site: make docs builds it into build/site/ (--strict: a broken link fails),
+# make docs-serve serves it on http://$(HOST):$(DOCS_PORT); only requirements-docs.txt is added
+# to the venv, not the test-only packages.
+DOCS_STAMP := $(VENV)/.installed-docs
+DOCS_PORT ?= 8000
+$(DOCS_STAMP): $(STAMP) requirements-docs.txt
+	$(VENV)/bin/pip install --quiet -r requirements-docs.txt
+	touch $(DOCS_STAMP)
+
+.PHONY: docs docs-serve
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs serve -a $(HOST):$(DOCS_PORT)
+
 .PHONY: config-docs
 config-docs: $(STAMP)
 	$(PY) -m pipeline config docs --output docs/configuration.md

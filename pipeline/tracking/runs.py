@@ -347,8 +347,14 @@ def log_params(params: dict) -> None:
     if run_id is None:
         return
     stored = outbox.store_id(run_id)
-    old = ({} if outbox.is_down() or stored is None
-           else mlflow.MlflowClient().get_run(stored).data.params)
+    old = {}
+    if not outbox.is_down() and stored is not None:
+        try:
+            old = mlflow.MlflowClient().get_run(stored).data.params
+        except Exception as err:  # the store went away now: keep the params, as every call does
+            if not (outbox.is_configured() and outbox.is_outage(err)):
+                raise
+            outbox.went_down(err)
     new, changed = {}, {}
     for key, value in params.items():
         if key not in old:
