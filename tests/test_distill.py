@@ -270,6 +270,25 @@ def killed_after_first_checkpoint(monkeypatch, run):
     monkeypatch.setattr(runtime.Checkpoints, "save", save)
 
 
+def run_through_an_outage(uri: str, run_id: str, run) -> tuple[dict, list, int]:
+    """`run()` under the stage run `run_id` with the tracking store gone (an address nobody
+    listens on) from the start; then the store `uri` is back and the outbox is sent. Returns the
+    run's result, its console lines and the calls sent (none may be left)."""
+    from pipeline.tracking import outbox
+    from tests.conftest import PipelineLines
+    from tests.test_tracking import free_port
+
+    with mlflow.start_run(run_id=run_id):
+        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # nobody listens there
+        with PipelineLines() as lines:
+            result = run()
+        assert outbox.is_down()
+        mlflow.set_tracking_uri(uri)  # the store is back
+        sent, left = outbox.flush()
+        assert left == 0
+    return result, lines, sent
+
+
 def outage_metric_history(run_id, key) -> list[int]:
     return sorted(m.step for m in mlflow.MlflowClient().get_metric_history(run_id, key))
 
@@ -281,9 +300,7 @@ def test_distill_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_ou
     and epoch lines; once the store answers, every logged step and final figure is there. A run
     killed after its first checkpoint (epoch 1's end) and started again resumes there and ends
     with the uninterrupted run's history, test metrics and kept epoch."""
-    from pipeline.tracking import outbox
     from tests.conftest import PipelineLines
-    from tests.test_tracking import free_port
 
     folder, teacher = teacher_dir
     uri, run_id = store
@@ -292,14 +309,9 @@ def test_distill_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_ou
         return distill_config(folder, teacher, "distill.epochs=3", "distill.hidden_loss=mse",
                               f"distill.name={name}", "distill.init_from_teacher=false")
 
-    with mlflow.start_run(run_id=run_id):
-        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # nobody listens there
-        with PipelineLines() as lines:
-            straight = distill.run(config("straight"))
-        assert outbox.is_down()
-        mlflow.set_tracking_uri(uri)  # the store is back
-        sent, left = outbox.flush()
-        assert sent > 10 and left == 0
+    straight, lines, sent = run_through_an_outage(uri, run_id,
+                                                  lambda: distill.run(config("straight")))
+    assert sent > 10
     total = straight["distillation"]["total_steps"]
     per_epoch = total // 3
     steps, epochs = progress_lines(lines, "distill")

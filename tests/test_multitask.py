@@ -18,7 +18,8 @@ from pipeline.finetuning import multitask as multitask_lib
 from pipeline.text import vocab as vocab_lib
 from pipeline.stages import multitask
 
-from tests.test_distill import killed_after_first_checkpoint, outage_metric_history, progress_lines
+from tests.test_distill import (killed_after_first_checkpoint, outage_metric_history, progress_lines,
+                               run_through_an_outage)
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, sentence, sqlite_mlflow  # noqa: F401
 from tests.test_finetune_data import WORDS
 from tests.test_tracking_outage import store  # noqa: F401
@@ -188,9 +189,7 @@ def test_multitask_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_
     and epoch lines; once the store answers, every logged step and final figure is there. A run
     killed after its first checkpoint (update 3, inside epoch 1) and started again resumes there
     and ends with the uninterrupted run's batches, history and metrics."""
-    from pipeline.tracking import outbox
     from tests.conftest import PipelineLines
-    from tests.test_tracking import free_port
 
     write_fixtures(tmp_path)
     uri, run_id = store
@@ -199,14 +198,9 @@ def test_multitask_prints_progress_resumes_after_a_kill_and_loses_nothing_in_an_
         return make_config(tmp_path, encoder_files, "multitask.steps=24", f"multitask.name={name}",
                            "multitask.compare_single_task=false", "finetune.checkpoint_every=3")
 
-    with mlflow.start_run(run_id=run_id):
-        mlflow.set_tracking_uri(f"http://127.0.0.1:{free_port()}")  # nobody listens there
-        with PipelineLines() as lines:
-            straight = multitask.run(config("straight"))
-        assert outbox.is_down()
-        mlflow.set_tracking_uri(uri)  # the store is back
-        sent, left = outbox.flush()
-        assert sent > 5 and left == 0
+    straight, lines, sent = run_through_an_outage(uri, run_id,
+                                                  lambda: multitask.run(config("straight")))
+    assert sent > 5
     steps, epochs = progress_lines(lines, "multitask")
     assert steps == [10, 20], lines
     assert epochs == [e["step"] for e in straight["history"]] and epochs[-1] == 24, lines
