@@ -35,7 +35,7 @@ def setting(default=dataclasses.MISSING, help: str = "", *, ge=None, gt=None, le
             choices=None, allowed="", flag: str = ""):
     """A config key's declaration, as a dataclass field: its `default` (a list or dict default is
     copied for each instance), a one-line `help`, and what it allows: a range (`ge` >=, `gt` >,
-    `le` <=) or `choices`; `allowed`: what a rule in pipeline/config/validation.py allows, said
+    `le` <=) or `choices`; `allowed`: what a rule in pipeline/config/load.py allows, said
     in words for the docs (e.g. "null or 1..the hidden size"). `flag`: the Beam job's flag name
     where it differs from the key's."""
     metadata = {"help": " ".join(help.split()), "choices": tuple(choices) if choices else None,

@@ -25,7 +25,7 @@ SKIP = 3  # "nothing new": the task and everything after it are skipped
 
 
 def cycle_tasks(config: str = "") -> list:
-    """The task names of the config's cycle.tasks (the rule of pipeline/config/validation.py
+    """The task names of the config's cycle.tasks (the rule of pipeline/config/load.py
     cycle_tasks: `name`, else the config file's stem); None if the file cannot be read here."""
     try:
         import yaml

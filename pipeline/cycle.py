@@ -128,7 +128,7 @@ def _check(config, args) -> list:
     """The cycle section and each task's config, loaded now: a bad one is exit 2 before any
     training."""
     from pipeline import config as config_lib
-    from pipeline.config.validation import cycle_tasks
+    from pipeline.config.load import cycle_tasks
 
     source = str(args.config)
     if not config.cycle.incoming:

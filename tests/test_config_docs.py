@@ -13,7 +13,7 @@ import yaml
 
 from beam_jobs import pretraining_data, settings
 from pipeline import config as config_lib
-from pipeline.config import data_job, reference, show
+from pipeline.config import data_job, show
 from pipeline.config.keys import declared, sections
 from pipeline.config.sections import Config, DataConfig, VocabConfig
 
@@ -27,11 +27,11 @@ JOB_FLAGS = {f"--{settings.flag_of(cls, f.name)}": f"{section}.{f.name}"
 
 def test_the_reference_page_is_generated_and_current():
     page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert page == reference.markdown(), (
+    assert page == show.markdown(), (
         "docs/configuration.md is stale: the key declarations changed; run `make config-docs` "
         "(python -m pipeline config docs --output docs/configuration.md) and commit it")
     for name, key in KEYS.items():  # every key has its row, with its default
-        assert f"| `{name}` | {key.type_text()} | `{reference.value_text(key.default)}` |" in page
+        assert f"| `{name}` | {key.type_text()} | `{show.value_text(key.default)}` |" in page
     for title in ("## Two-phase pretraining", "## Your own corpus", "### Training keys"):
         assert title in page  # anchors other pages link to
 
@@ -106,10 +106,10 @@ def test_config_show_refuses_bad_input_in_one_line(args, words, capsys):
 def test_config_docs_writes_the_page_whole(tmp_path, capsys):
     target = tmp_path / "configuration.md"
     assert show.main(["config", "docs", "--output", str(target)]) == 0
-    assert target.read_text(encoding="utf-8") == reference.markdown()
+    assert target.read_text(encoding="utf-8") == show.markdown()
     assert [p.name for p in tmp_path.iterdir()] == ["configuration.md"]  # nothing left aside
     assert show.main(["config", "docs"]) == 0
-    assert capsys.readouterr().out == reference.markdown()
+    assert capsys.readouterr().out == show.markdown()
 
 
 def _add_argument_calls(path: Path):

@@ -30,7 +30,7 @@ from pipeline.finetuning import runtime
 from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.tasks.base import Split
 from pipeline.finetuning.task_model import load_backbone
-from pipeline.config.allowed import CHOICES
+from pipeline.config.load import CHOICES
 from pipeline.training import pretrainer
 from pipeline.training.callbacks import StopAt
 

@@ -52,7 +52,7 @@ def _tiny_cycle_config(tmp_path, incoming) -> Path:
 def test_the_config_the_recipes_name_exists():
     from pipeline import config as config_lib
     from pipeline import cycle
-    from pipeline.config.validation import cycle_tasks
+    from pipeline.config.load import cycle_tasks
 
     named = {m for f in DEPLOY.rglob("*") if f.is_file()
              for m in re.findall(r"configs/[\w.-]+\.yaml", f.read_text(errors="replace"))}

@@ -1,23 +1,22 @@
 """The pipeline's configuration: one declaration per key, loaded from YAML, validated on load.
 
+    keys.py        what a key is: declared with `key(default, help, ge/gt/le or choices)`
+                   (beam_jobs/settings.py's `setting`), read back as a `Key` with its type,
+                   default, allowed values or range and help (`declared`), its raw value parsed
+                   to its type, its range checked; `ConfigError`
     sections.py    the declaration: one dataclass per section (corpus, vocab, data, model,
-                   train, tracking, finetune, multitask, distill, cycle), one `key(default,
-                   help, ge/gt/le or choices)` per key; the `vocab` and `data` sections subclass
-                   beam_jobs/settings.py, where the keys the Beam jobs read are declared (the
-                   jobs' flags come from there too); flattening for MLflow, `dump_yaml`
-    keys.py        reading the declaration: every key with its type, default, allowed values
-                   or range and help (`declared`)
-    allowed.py     CHOICES and RANGES, read from the declaration
-    task_registry.py  finetune.task name -> task class (filled by pipeline/finetuning/tasks/)
-    validation.py  `validate` (every choice and range, one range check, the rules that compare
-                   keys), the phase, multi-task, fine-tuning and cycle rules
-    parse.py       a section's raw mapping -> its dataclass, values coerced to their types
-    load.py        `load(path, overrides)`: YAML + `section.key=value` overrides -> a
-                   validated Config; `from_dict`
+                   train, tracking, finetune, multitask, distill, cycle), one `key(...)` per
+                   key; the `vocab` and `data` sections subclass beam_jobs/settings.py, where
+                   the keys the Beam jobs read are declared (the jobs' flags come from there
+                   too); flattening for MLflow, `dump_yaml`
+    load.py        `load(path, overrides)`: YAML + `section.key=value` overrides -> a Config
+                   validated (every choice and range, the rules that compare keys: phases,
+                   fine-tuning, multi-task, distillation, cycle); `from_dict`
     checkpoint.py  model.init_from: the checkpoint's sizes, vocab and casing fill the config
+    task_registry.py  finetune.task name -> task class (filled by pipeline/finetuning/tasks/)
     data_job.py    the Beam jobs' command lines from the config (by the declaration)
-    show.py        `bert-pipeline config show [--defaults] | docs`
-    reference.py   docs/configuration.md, generated (`make config-docs`)
+    show.py        `bert-pipeline config show [--defaults] | docs`: the config as commented
+                   YAML, docs/configuration.md (`make config-docs`)
 
     >>> config = load(None, ["train.steps=500"])
     >>> config.train.steps, config.model.preset
@@ -26,10 +25,19 @@
 Every bad value is a `ConfigError` naming the file, the key, the value and what is allowed.
 """
 
-from pipeline.config.load import from_dict, load
+from pipeline.config.keys import ConfigError
+from pipeline.config.load import (
+    MultitaskTask,
+    data_phases,
+    finetune_warnings,
+    from_dict,
+    load,
+    multitask_tasks,
+    train_phases,
+    validate,
+)
 from pipeline.config.sections import (
     Config,
-    ConfigError,
     CorpusConfig,
     DataConfig,
     DistillConfig,
@@ -39,8 +47,6 @@ from pipeline.config.sections import (
     TrackingConfig,
     TrainConfig,
     VocabConfig,
-    _build,
-    _coerce,
     dump_yaml,
     get,
     model_architecture,
@@ -48,19 +54,11 @@ from pipeline.config.sections import (
     to_flat_dict,
     training_masks,
 )
-from pipeline.config.validation import (
-    MultitaskTask,
-    data_phases,
-    finetune_warnings,
-    multitask_tasks,
-    train_phases,
-    validate,
-)
 
 __all__ = [
     "Config", "ConfigError", "CorpusConfig", "DataConfig", "DistillConfig", "FinetuneConfig",
     "ModelConfig", "MultitaskConfig", "MultitaskTask", "TrackingConfig", "TrainConfig",
-    "VocabConfig", "_build", "_coerce", "data_phases", "dump_yaml", "finetune_warnings",
-    "from_dict", "get", "load", "model_architecture", "multitask_tasks", "to_dict",
-    "to_flat_dict", "train_phases", "training_masks", "validate",
+    "VocabConfig", "data_phases", "dump_yaml", "finetune_warnings", "from_dict", "get", "load",
+    "model_architecture", "multitask_tasks", "to_dict", "to_flat_dict", "train_phases",
+    "training_masks", "validate",
 ]

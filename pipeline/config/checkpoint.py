@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 
 from models import presets
-from pipeline.config.sections import ConfigError
+from pipeline.config.keys import ConfigError
 
 LOG = logging.getLogger("pipeline.config")
 

@@ -25,8 +25,8 @@ import os
 
 from beam_jobs.instances import INSTANCE_FLAGS
 from beam_jobs.settings import DataSettings, ProgressSettings, VocabSettings, flag_of
+from pipeline.config.load import data_phases
 from pipeline.config.sections import Config
-from pipeline.config.validation import data_phases
 
 
 def _flag(value) -> str:

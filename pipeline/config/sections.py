@@ -1,10 +1,10 @@
 """The declaration of every config key: one dataclass per section, one `key(...)` per key.
 
 A key's declaration is its only statement of type (the annotation), default, allowed values
-(`choices`) or range (`ge`, `gt`, `le`) and one-line help. From it come the validation and its
-messages (pipeline/config/allowed.py, validation.py), `bert-pipeline config show`, the reference
-docs/configuration.md (pipeline/config/reference.py) and the Beam jobs' flags: the keys those
-jobs read are declared with them (beam_jobs/settings.py: `vocab.*`, most of `data.*`), and the
+(`choices`) or range (`ge`, `gt`, `le`) and one-line help. From it come the parsing and the
+checks (pipeline/config/keys.py, load.py), `bert-pipeline config show` and the reference
+docs/configuration.md (pipeline/config/show.py) and the Beam jobs' flags: the keys those jobs
+read are declared with them (beam_jobs/settings.py: `vocab.*`, most of `data.*`), and the
 `vocab` and `data` sections here subclass that declaration.
 
 A config file is a nested mapping whose sections mirror the dataclasses below (`corpus`,
@@ -13,7 +13,7 @@ plus `run_dir`. Anything not given keeps its default. Command-line overrides use
 
     python -m pipeline pretrain --config configs/pretrain_tiny.yaml train.steps=50
 
-Rules that compare keys stay functions (pipeline/config/validation.py). `to_flat_dict` flattens
+Rules that compare keys stay functions (pipeline/config/load.py). `to_flat_dict` flattens
 the config for MLflow params; `dump_yaml` writes the exact config a stage used.
 """
 
@@ -30,9 +30,6 @@ from beam_jobs.settings import setting as key
 from models import presets
 
 from pipeline.config import task_registry
-
-# The error and the parsing of a section's raw mapping, re-exported (pipeline/config/parse.py).
-from pipeline.config.parse import ConfigError, _build, _coerce  # noqa: F401
 
 GLUE_TASK_NAMES = ("cola", "sst-2", "mrpc", "qqp", "sts-b", "mnli", "qnli", "rte", "wnli")
 # The train.* keys a phase of train.phases may set; the others are shared by all phases.

@@ -2,7 +2,7 @@
 
 Reads top to bottom:
   1. the tasks of `multitask.tasks`, each a `finetune` section with its own data keys
-     (pipeline/config/validation.py `multitask_tasks`): examples, labels and seeded splits through the
+     (pipeline/config/load.py `multitask_tasks`): examples, labels and seeded splits through the
      finetune stage's readers and features (pipeline/finetuning/data.py, the task class's
      `make_split`: pipeline/finetuning/tasks/);
   2. one encoder (`finetune.init_from`, else <run_dir>/pretrain/model.keras) shared by one task

@@ -35,7 +35,7 @@ SEARCH_KEYS = ("max_query_length", "doc_stride", "n_best", "max_answer_length", 
 
 def fixed_threshold(value) -> float | None:
     """finetune.null_score_threshold / task.json's value: None for auto, else the number."""
-    from pipeline.config.validation import null_score_threshold
+    from pipeline.config.load import null_score_threshold
 
     return None if value is None else null_score_threshold(value)
 
