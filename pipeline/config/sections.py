@@ -2,8 +2,8 @@
 
 A key's declaration is its only statement of type (the annotation), default, allowed values
 (`choices`) or range (`ge`, `gt`, `le`) and one-line help. From it come the parsing and the
-checks (pipeline/config/keys.py, load.py), `bert-pipeline config show` and the reference
-docs/configuration.md (pipeline/config/show.py) and the Beam jobs' flags: the keys those jobs
+checks (pipeline/config/keys.py, load.py), `bert-pipeline config show` with the reference
+docs/configuration.md (pipeline/config/show.py), and the Beam jobs' flags: the keys those jobs
 read are declared with them (beam_jobs/settings.py: `vocab.*`, most of `data.*`), and the
 `vocab` and `data` sections here subclass that declaration.
 
