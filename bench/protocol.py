@@ -37,10 +37,14 @@ THREADS_VARIABLE = "BENCH_THREADS"
 # ---------------------------------------------------------------------------
 # The flags
 # ---------------------------------------------------------------------------
-def add_arguments(parser, repeat: int = DEFAULT_REPEAT) -> None:
-    parser.add_argument("--repeat", type=int, default=repeat,
-                        help="rounds; in each, every contender runs once in a fresh process, "
-                             "alternating (A B A B ...); figures are medians (min-max)")
+def add_arguments(parser, repeat: int | None = DEFAULT_REPEAT) -> None:
+    """--repeat (left out with repeat=None: a bench whose rounds are something else, such as
+    its seeds) and --threads."""
+    if repeat is not None:
+        parser.add_argument("--repeat", type=int, default=repeat,
+                            help="rounds; in each, every contender runs once in a fresh "
+                                 "process, alternating (A B A B ...); figures are medians "
+                                 "(min-max)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads pinned equal on every side (TensorFlow intra/inter-op, "
                              "torch, OpenMP); 0: the machine's cores")
@@ -49,7 +53,7 @@ def add_arguments(parser, repeat: int = DEFAULT_REPEAT) -> None:
 def check_arguments(parser, args) -> None:
     """--repeat >= 1 and --threads >= 0 (else the parser's one-line error, exit 2); --threads 0
     becomes the core count."""
-    if args.repeat < 1:
+    if getattr(args, "repeat", 1) < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.threads < 0:
         parser.error(f"--threads must be >= 0 (0: the machine's cores), got {args.threads}")
