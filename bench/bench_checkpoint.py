@@ -42,9 +42,10 @@ Hugging Face BERT directory instead. On the demo corpus (Brown, `make setup`):
 
 Last line: `bench-checkpoint: finetune <ours> transformers <theirs> best-baseline <b> search-mrr
 <m> tfidf <t> tfidf-document <d>` (test macro-F1 of the MiniLM fine-tuned by our stage and by
-Trainer, medians over the rounds, of the strongest classical baseline; MRR of the MiniLM's passage-max search, of TF-IDF
-on the same passages, and of TF-IDF on whole documents, which can beat both). Everything goes
-to --work (default runs/bench-checkpoint, emptied first; logs in its logs/, result.json).
+Trainer, medians over the rounds, of the strongest classical baseline; MRR of the MiniLM's
+passage-max search, of TF-IDF on the same passages, and of TF-IDF on whole documents, which can
+beat both). Everything goes to --work (default runs/bench-checkpoint, emptied first; logs in its
+logs/, result.json).
 """
 
 from __future__ import annotations

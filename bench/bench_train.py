@@ -36,10 +36,11 @@ variants, ours bf16), each in a fresh process, in the same order; each is timed 
 average before each round is printed and a round above one per core flagged BUSY (also in
 <work>/result.json). Every figure is the median over the rounds with its min-max; ratios
 (vs same-work, bf16/fp32) are the median of the per-round ratios, both sides from one round.
-bf16/fp32 is our mixed_bfloat16 tokens/s over our default float32 step. `--curve-steps 200` then trains BERT-small 200 steps in
-float32 and in mixed_bfloat16 from the same weights on the same learnable synthetic
-batches (each id follows its predecessor by a fixed random map 3 times in 4) and prints both
-loss curves, means over 20 steps, and their largest difference (tolerance 0.05 nats).
+bf16/fp32 is our mixed_bfloat16 tokens/s over our default float32 step. `--curve-steps 200`
+then trains BERT-small 200 steps in float32 and in mixed_bfloat16 from the same weights on the
+same learnable synthetic batches (each id follows its predecessor by a fixed random map 3 times
+in 4) and prints both loss curves, means over 20 steps, and their largest difference (tolerance
+0.05 nats).
 Also printed: the ceiling, the tokens/s of every model FLOP at the float32 matmul peak (MFU 100%),
 and its ratio to transformers' figure: no float32 build of the same model beats it here.
 The last line reads `bench-train: vs-transformers <x> mfu <y>`: x = the median of our float32
