@@ -508,11 +508,11 @@ def main(argv=None) -> dict:
           f"{masks}); "
           f"always predicting the commonest token scores {heldout['plateau']:.3f}", flush=True)
 
-    np_arrays = {k: v for k, v in heldout.items() if k not in ("predictions", "plateau")}
-    out.mkdir(parents=True, exist_ok=True)
     import numpy as np
 
-    np.savez(out / "heldout.npz", **np_arrays)  # what each peer process scores
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "heldout.npz", **{k: v for k, v in heldout.items()  # each peer scores these
+                                     if k not in ("predictions", "plateau")})
     print(f"bench-quality: protocol: {args.repeat} round(s), in each ours then each peer "
           f"recipe, every one a fresh process; {protocol.threads_text(args.threads)}",
           flush=True)
@@ -553,8 +553,9 @@ def main(argv=None) -> dict:
     timings["ours"] = ours["wall_seconds"] if ours else 0.0
     for name, peer in peers.items():
         timings[f"peer_{name}"] = peer["train_seconds"] + peer["eval_seconds"]
-    comparison = {**comparisons[shown],
-                  **{key: spread["median"] for key, spread in medians.items()}}
+    every_round = {key for key, spread in medians.items() if spread["n"] == len(rounds)}
+    comparison = {**comparisons[shown],  # the medians of the figures every round has
+                  **{key: medians[key]["median"] for key in every_round}}
     if len(rounds) > 1:
         print(f"\nrounds ({len(rounds)}; load: the 1-minute load average before the round)")
         for r, c in zip(rounds, comparisons):
@@ -569,7 +570,7 @@ def main(argv=None) -> dict:
     note = protocol.busy_note(rounds)
     if note:
         print(f"bench-quality: {note}")
-    if len(medians.get("ratio", {}).get("values", [])) == len(rounds):
+    if "ratio" in every_round:
         comparison["ratio_text"] = f"{medians['ratio']['median']:.2f}"
     elif recipes and not args.skip_ours:
         comparison["explanation"] = (f"{comparison['explanation']}; the time-ratio is the "
