@@ -138,3 +138,29 @@ def test_the_cpu_facts_read_this_machine():
     assert f"{machine.cores()} cores" in line and "load average" in line
     assert machine.versions(["pytest", "no-such-distribution-x"]) == {
         "pytest": pytest.__version__, "no-such-distribution-x": "not installed"}
+
+
+def test_measure_counts_the_whole_tree_and_a_failure_names_its_log(tmp_path):
+    # a child that starts a grandchild holding ~200 MB for a moment: the tree's peak counts it
+    grandchild = "b = bytearray(200 * 2 ** 20); import time; time.sleep(1.0)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    found = protocol.measure([sys.executable, "-c", parent], tmp_path / "log.txt")
+    assert found["peak_mb"] > 200 and found["max_process_rss_mb"] > 0
+    assert found["wall_s"] >= 1.0 and found["cpu_s"] >= 0
+    with pytest.raises(RuntimeError) as err:
+        protocol.measure([sys.executable, "-c", "print('the end of it'); raise SystemExit(3)"],
+                         tmp_path / "bad.txt")
+    assert "failed (3)" in str(err.value) and "the end of it" in str(err.value)
+
+
+def test_a_tensorflow_child_takes_the_pinned_pools():
+    pytest.importorskip("tensorflow")
+    code = ("import json, tensorflow as tf; from bench import protocol; "
+            "print(json.dumps(protocol.pin_tensorflow(tf)))")
+    done = protocol.run_command([sys.executable, "-c", code],
+                                env=protocol.child_env(1, PYTHONPATH=str(ROOT),
+                                                       TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done["code"] == 0, done["stderr"][-2000:]
+    found = json.loads(done["stdout"].strip().splitlines()[-1])
+    assert found == {"intra_op": 1, "inter_op": 1}
+    assert protocol.pools_text(found) == "intra-op 1, inter-op 1"
