@@ -142,7 +142,7 @@ def test_the_cpu_facts_read_this_machine():
 
 def test_measure_counts_the_whole_tree_and_a_failure_names_its_log(tmp_path):
     # a child that starts a grandchild holding ~200 MB for a moment: the tree's peak counts it
-    grandchild = "b = bytearray(200 * 2 ** 20); import time; time.sleep(1.0)"
+    grandchild = "b = b'x' * (200 * 2 ** 20); import time; time.sleep(1.0)"
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
     found = protocol.measure([sys.executable, "-c", parent], tmp_path / "log.txt")
     assert found["peak_mb"] > 200 and found["max_process_rss_mb"] > 0
