@@ -50,8 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import machine as machine_facts  # noqa: E402
-from bench import protocol  # noqa: E402
+from bench import machine, protocol  # noqa: E402
 
 SETTINGS = dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=1,
                 masked_lm_prob=0.15, short_seq_prob=0.1, seed=12345)
@@ -81,9 +80,9 @@ def default_reference() -> str:
     return str(Path(spec.origin).parent) if spec and spec.origin else ""
 
 
-def machine() -> str:
+def machine_text() -> str:
     """CPU model, cores, the vector flags that matter, load average."""
-    return "machine: " + machine_facts.machine_line()
+    return "machine: " + machine.machine_line()
 
 
 def count_records(paths) -> int:
@@ -127,7 +126,7 @@ def run_stage(stage: str, work: Path, size: int, corpus: str, beam_args, config:
     log = work / f"log-{size}x-{stage}.txt"
     command = [sys.executable, "-m", "pipeline", stage, "--config", config, "--force",
                *overrides(work, size, corpus, beam_args, workers)]
-    env = protocol.child_env(threads or machine_facts.cores(), PYTHONPATH=str(ROOT),
+    env = protocol.child_env(threads or machine.cores(), PYTHONPATH=str(ROOT),
                              TF_CPP_MIN_LOG_LEVEL="3")
     result = protocol.measure(command, log, env, cwd=ROOT)
     if stage == "data":
@@ -152,7 +151,7 @@ def run_reference(ref: Path, run_dir: Path, out: Path, threads: int = 0) -> dict
                f"--masked_lm_prob={SETTINGS['masked_lm_prob']}",
                f"--short_seq_prob={SETTINGS['short_seq_prob']}",
                f"--random_seed={SETTINGS['seed']}"]
-    env = protocol.child_env(threads or machine_facts.cores(), TF_CPP_MIN_LOG_LEVEL="3",
+    env = protocol.child_env(threads or machine.cores(), TF_CPP_MIN_LOG_LEVEL="3",
                              PYTHONPATH=str(ref.parent))
     result = protocol.measure(command, out / "log.txt", env, cwd=ROOT)
     result["instances"] = count_records([output_file])
@@ -186,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_data"),
                         help="folder for the corpora, run directories, logs and result.json")
     protocol.add_arguments(parser)
-    machine_facts.add_quick(parser, QUICK)
+    machine.add_quick(parser, QUICK)
     return parser
 
 
@@ -206,7 +205,7 @@ def figures(rounds: list, name: str, key: str) -> list:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = machine_facts.apply_quick(parser.parse_args(argv), QUICK, argv)
+    args = machine.apply_quick(parser.parse_args(argv), QUICK, argv)
     protocol.check_arguments(parser, args)
     ref_arg = args.ref or os.environ.get("REF", "") or default_reference()
     ref = Path(ref_arg).expanduser() if ref_arg and ref_arg != "none" else None
@@ -232,7 +231,7 @@ def main(argv=None) -> int:
     beam_args = json.loads(args.beam_args) if args.beam_args else None
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    print(machine(), flush=True)
+    print(machine_text(), flush=True)
 
     from bench import corpora
 
@@ -289,7 +288,7 @@ def main(argv=None) -> int:
                                  log=lambda line: print(line, flush=True))
     line, summary = report(rounds, stages, sizes, ref_sizes)
     (work / "result.json").write_text(json.dumps({
-        "machine": machine_facts.facts(("tensorflow", "apache-beam", "mlflow")),
+        "machine": machine.facts(("tensorflow", "apache-beam", "mlflow")),
         "settings": {k: str(v) for k, v in vars(args).items()}, "corpora": built,
         "protocol": protocol.record(rounds, args.threads),
         "runs": {name: [r["results"][name] for r in rounds] for name, _ in contenders},
