@@ -152,15 +152,3 @@ def test_measure_counts_the_whole_tree_and_a_failure_names_its_log(tmp_path):
                          tmp_path / "bad.txt")
     assert "failed (3)" in str(err.value) and "the end of it" in str(err.value)
 
-
-def test_a_tensorflow_child_takes_the_pinned_pools():
-    pytest.importorskip("tensorflow")
-    code = ("import json, tensorflow as tf; from bench import protocol; "
-            "print(json.dumps(protocol.pin_tensorflow(tf)))")
-    done = protocol.run_command([sys.executable, "-c", code],
-                                env=protocol.child_env(1, PYTHONPATH=str(ROOT),
-                                                       TF_CPP_MIN_LOG_LEVEL="3"))
-    assert done["code"] == 0, done["stderr"][-2000:]
-    found = json.loads(done["stdout"].strip().splitlines()[-1])
-    assert found == {"intra_op": 1, "inter_op": 1}
-    assert protocol.pools_text(found) == "intra-op 1, inter-op 1"
