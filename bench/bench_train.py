@@ -87,7 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jit", default="auto", choices=("auto", "true", "false"),
                         help="train.jit_compile for ours (auto, the pipeline's default: XLA on "
                              "for one replica)")
-    parser.add_argument("--peak-seconds", type=float, default=2.0)
+    parser.add_argument("--peak-seconds", type=float, default=2.0,
+                        help="seconds of the matmul peak in each round (0: none, MFU n/a)")
+    parser.add_argument("--rows", default="",
+                        help="only these contenders, comma-separated (ours, ours_keras, "
+                             "transformers_stock, transformers_same, "
+                             "transformers_same_compiled, ours_bf16); default: all that apply")
     parser.add_argument("--curve-steps", type=int, default=0,
                         help="also train BERT-small this many steps in float32 and in "
                              "mixed_bfloat16 on the same learnable synthetic batches and "
@@ -356,9 +361,13 @@ def main(argv=None) -> dict:
     if args.role:
         return contender_main(args)
     unknown = [p for p in args.models.split(",") if p not in presets.PRESETS]
-    if unknown or min(args.steps, args.warmup, args.batch) < 1:
+    if unknown or min(args.steps, args.warmup, args.batch) < 1 or args.peak_seconds < 0:
         parser.error(f"--models: presets of models/presets.py ({', '.join(presets.PRESETS)}), "
-                     f"got {args.models}; --steps, --warmup and --batch must be >= 1")
+                     f"got {args.models}; --steps, --warmup and --batch must be >= 1, "
+                     f"--peak-seconds >= 0")
+    rows = [key for _, key, _ in ROWS]
+    if args.rows and not set(args.rows.split(",")) <= set(rows):
+        parser.error(f"--rows: comma-separated, of {', '.join(rows)}; got {args.rows!r}")
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model, flags = machine.cpu_facts(machine.CPU_FLAGS + ("amx_tile",))
@@ -374,8 +383,10 @@ def main(argv=None) -> dict:
     print(f"bench-train: protocol: {args.repeat} round(s), in each the matmul peak, then per "
           f"model every contender once, each a fresh process, in the same order; "
           f"{protocol.threads_text(args.threads)}", flush=True)
-    keys = contender_keys(args, missing)
-    peak_keys = [k for k, dtype in PEAKS if dtype == "float32" or args.bf16]
+    keys = [key for key in contender_keys(args, missing)
+            if not args.rows or key in args.rows.split(",")]
+    peak_keys = [k for k, dtype in PEAKS if (dtype == "float32" or args.bf16)
+                 and args.peak_seconds > 0]
     contenders = [(key, functools.partial(lambda key, index: run_contender(args, "tiny", key),
                                           key)) for key in peak_keys]
     for preset in args.models.split(","):
@@ -446,8 +457,9 @@ def summarize(args, rounds: list, flops: dict, peak_keys: list, keys: list) -> d
 
     peaks = {dict(PEAKS)[k]: max(values(k, lambda f: f["flops_per_second"]), default=0.0)
              for k in peak_keys}
-    print("bench-train: matmul peak (the best of the rounds) " + ", ".join(
-        f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()), flush=True)
+    print("bench-train: matmul peak (the best of the rounds) " + (", ".join(
+        f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()) or "not measured "
+        "(--peak-seconds 0): MFU n/a"), flush=True)
     print(f"{'model':<7}{'contender':<34}{'tokens/s median (min-max)':>28}{'s/step':>8}"
           f"{'model GFLOP/s':>15}{'MFU':>7}{'vs same-work':>14}{'bf16/fp32':>11}")
     results = {}
