@@ -16,6 +16,7 @@ from pipeline import artifacts
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # several fresh TensorFlow processes: minutes on 2 busy cores
 @pytest.mark.skipif(not artifacts.BROWN_TARBALL.is_file(), reason="needs `make setup` (Brown)")
 def test_quick_run_alternates_our_stages_and_the_reference_and_reports_medians(tmp_path):
     if not bench_data.default_reference():

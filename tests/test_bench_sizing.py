@@ -53,15 +53,3 @@ def test_vocab_part_on_a_slice_of_the_demo_corpus(tmp_path):
     assert large["pieces_per_word"] < small["pieces_per_word"]
     assert large["split_share"] < small["split_share"]
 
-
-def test_train_part_in_rounds_keeps_medians_pins_threads_and_records_the_load(tmp_path, capsys):
-    rows, record = bench.train_part(tmp_path, ["tiny"], [32], steps=1, warmup=1, repeat=2,
-                                    threads=1)
-    (row,) = rows
-    assert row["tokens"]["n"] == 2 and row["tokens_per_second"] == row["tokens"]["median"]
-    assert row["tokens"]["min"] <= row["tokens_per_second"] <= row["tokens"]["max"]
-    assert row["pools"] == {"intra_op": 1, "inter_op": 1}  # each child's TensorFlow, pinned
-    assert record["repeat"] == 2 and record["threads"] == 1 and len(record["rounds"]) == 2
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in out if "load average" in line] == ["round", "round"]
-    assert sum("tok/s" in line and "median (min-max)" in line for line in out) == 1

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # several fresh TensorFlow processes: minutes on 2 busy cores
 def test_quick_run_prints_medians_of_the_rounds_pinned_threads_and_the_load(tmp_path):
     pytest.importorskip("transformers")
     done = subprocess.run(
