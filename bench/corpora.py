@@ -303,7 +303,7 @@ def build(work: Path, multiples=(1, 4, 8)) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     base = list(brown())
     brown_chars = sum(_chars(p) for _, p in base)
-    extra = [list(source) for source in sources()]
+    extra = None  # the other sources, fetched only when a size needs more than Brown
     for n in sorted(multiples):
         target = n * brown_chars
         documents, chars, by_source = 0, 0, {}
@@ -319,7 +319,9 @@ def build(work: Path, multiples=(1, 4, 8)) -> dict:
             for name, paragraphs in base:
                 add(name, paragraphs)
             # Round-robin over the other sources, re-read from the start for each size.
-            streams = [iter(source) for source in extra]
+            if chars < target and extra is None:
+                extra = [list(source) for source in sources()]
+            streams = [iter(source) for source in extra or ()]
             while chars < target and streams:
                 for stream in list(streams):
                     try:

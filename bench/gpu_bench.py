@@ -12,8 +12,10 @@ with --no-deps). Synthetic batches (random ids; the speed does not depend on the
 MFU = model FLOPs per second (models/flops.py: encoder, attention, MLM decoder on the
 masked positions, NSP; training = 3 × forward) over the rate of a large square matmul in
 the same dtype timed on the same device in the same run (not the datasheet peak, which is
-also printed when it is known). The last line reads
-`gpu-bench: <seq/s> seq/s mfu <percent> (...)`.
+also printed when it is known). The steps are timed in `--repeat` windows (default 3) of
+`--steps` steps each, after the warm-up, in this one process (there is no peer to alternate
+with); the host's load average is printed before each window, and seq/s is the windows'
+median (min-max printed). The last line reads `gpu-bench: <seq/s> seq/s mfu <percent> (...)`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
+
+from bench import machine, protocol  # noqa: E402  (the load; medians: standard library only)
 
 # Dense bf16 peaks from the vendors' datasheets (TFLOP/s), for the second MFU figure.
 DATASHEET_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0}
@@ -47,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=30, help="timed steps")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps (compilation)")
     parser.add_argument("--matmul", type=int, default=8192, help="size of the peak matmul")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="timed windows of --steps steps (no peer: one process); seq/s is "
+                             "their median, min-max printed")
     parser.add_argument("--tiny", action="store_true",
                         help="a 1-layer model, seq 32, batch 8, 2 steps, no XLA: checks it runs "
                              "(CPU)")
@@ -60,6 +67,8 @@ def parse_args(argv=None):
         args.preset, args.seq, args.predictions, args.batch, args.vocab = "tiny", 32, 5, 8, 1000
         args.steps, args.warmup, args.matmul = 2, 1, 256
         args.jit = False  # torch.compile alone takes minutes on a CPU
+    if args.repeat < 1 or args.steps < 1:
+        parser.error(f"--repeat and --steps must be >= 1, got {args.repeat}, {args.steps}")
     return args
 
 
@@ -156,12 +165,18 @@ def main(argv=None) -> dict:
         loss = model.train_on_batch(x, y, sample_weight)
     print(f"gpu-bench: {args.warmup} warm-up step(s) (compilation) in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = model.train_on_batch(x, y, sample_weight)
-    elapsed = time.perf_counter() - start
-    loss = float(np.ravel(loss)[0])
-    seq_per_s = args.steps * args.batch / elapsed
+    rates = []
+    for index in range(args.repeat):  # the windows: the same model, one after the other
+        load = machine.load()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss = model.train_on_batch(x, y, sample_weight)
+        loss = float(np.ravel(loss)[0])  # waits for the last step
+        elapsed = time.perf_counter() - start
+        rates.append(args.steps * args.batch / elapsed)
+        print(f"gpu-bench: window {index + 1}/{args.repeat} (host load average {load:.2f}): "
+              f"{args.steps} steps in {elapsed:.2f} s, {rates[-1]:,.1f} seq/s", flush=True)
+    seq_per_s = protocol.spread(rates)["median"]
 
     peak_dtype = {"float32": "float32", "mixed_bfloat16": "bfloat16",
                   "mixed_float16": "float16"}[args.precision]
@@ -178,9 +193,10 @@ def main(argv=None) -> dict:
               "precision": args.precision, "jit": args.jit, "seq_per_second": seq_per_s,
               "tokens_per_second": seq_per_s * args.seq, "model_tflops": seq_per_s * flops / 1e12,
               "peak_tflops": peak / 1e12, "mfu": mfu, "loss": loss,
-              "tensorflow_imported": with_tf}
+              "seq_per_second_windows": protocol.spread(rates), "tensorflow_imported": with_tf}
     print(f"gpu-bench: BERT-{args.preset} seq {args.seq} batch {args.batch} {args.precision}"
-          f"{' +XLA' if args.jit else ''}: {args.steps} steps in {elapsed:.2f} s, loss {loss:.3f}; "
+          f"{' +XLA' if args.jit else ''}: {args.repeat} x {args.steps} steps, seq/s median "
+          f"(min-max) {protocol.spread_text(rates, ',.1f')}, loss {loss:.3f}; "
           f"model {seq_per_s * flops / 1e12:.1f} TFLOP/s, {peak_dtype} matmul "
           f"{peak / 1e12:.1f} TFLOP/s{sheet_text}", flush=True)
     print(f"gpu-bench: {seq_per_s:,.1f} seq/s mfu {100 * mfu:.1f} "

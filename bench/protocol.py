@@ -6,7 +6,8 @@
   processes' environment (`thread_env`): TensorFlow's intra-op and inter-op pools
   (TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS, which TensorFlow reads when it starts),
   OpenMP/MKL/OpenBLAS (OMP_NUM_THREADS, ...), and BENCH_THREADS, from which a torch child calls
-  torch.set_num_threads and torch.set_num_interop_threads (`pin_torch`).
+  torch.set_num_threads and torch.set_num_interop_threads (`pin_torch`) and a TensorFlow child
+  tf.config.threading's setters (`pin_tensorflow`); each child reports the pools it got.
 - before each round the 1-minute load average is read and printed; a round that starts above a
   load of one per core is flagged (BUSY) in the output and in the result's rounds. The average
   decays over about a minute, so the previous contender's own work shows in it too.
@@ -14,7 +15,7 @@
   (`spread`, `spread_text`); a headline line reports medians.
 - memory is the whole process tree's: the resident sets of a contender and of every process
   below it (Beam workers, tokenizer pools) summed (`tree_rss`), sampled while it runs
-  (`TreeSampler`), its peak the largest sum seen.
+  (`TreeSampler`), its peak the largest sum seen; `measure` runs one command so.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ THREADS_VARIABLE = "BENCH_THREADS"
 # ---------------------------------------------------------------------------
 # The flags
 # ---------------------------------------------------------------------------
-def add_arguments(parser, repeat: int = DEFAULT_REPEAT) -> None:
-    parser.add_argument("--repeat", type=int, default=repeat,
-                        help="rounds; in each, every contender runs once in a fresh process, "
-                             "alternating (A B A B ...); figures are medians (min-max)")
+def add_arguments(parser, repeat: int | None = DEFAULT_REPEAT) -> None:
+    """--repeat (left out with repeat=None: a bench whose rounds are something else, such as
+    its seeds) and --threads."""
+    if repeat is not None:
+        parser.add_argument("--repeat", type=int, default=repeat,
+                            help="rounds; in each, every contender runs once in a fresh "
+                                 "process, alternating (A B A B ...); figures are medians "
+                                 "(min-max)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads pinned equal on every side (TensorFlow intra/inter-op, "
                              "torch, OpenMP); 0: the machine's cores")
@@ -48,7 +53,7 @@ def add_arguments(parser, repeat: int = DEFAULT_REPEAT) -> None:
 def check_arguments(parser, args) -> None:
     """--repeat >= 1 and --threads >= 0 (else the parser's one-line error, exit 2); --threads 0
     becomes the core count."""
-    if args.repeat < 1:
+    if getattr(args, "repeat", 1) < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.threads < 0:
         parser.error(f"--threads must be >= 0 (0: the machine's cores), got {args.threads}")
@@ -88,6 +93,26 @@ def pin_torch(torch) -> dict:
     return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
 
 
+def pin_tensorflow(tf) -> dict:
+    """(in a TensorFlow child, before its first op) TensorFlow's pools as BENCH_THREADS says
+    (TensorFlow also reads TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS itself); what it
+    then reports (0: its own default, the core count)."""
+    wanted = int(os.environ.get(THREADS_VARIABLE) or 0)
+    if wanted:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(wanted)
+            tf.config.threading.set_inter_op_parallelism_threads(wanted)
+        except RuntimeError:  # the runtime already started: it keeps its pools
+            pass
+    return {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads()}
+
+
+def pools_text(pools: dict) -> str:
+    """'intra-op 2, inter-op 2' from pin_torch's or pin_tensorflow's dict."""
+    return f"intra-op {pools['intra_op']}, inter-op {pools['inter_op']}"
+
+
 # ---------------------------------------------------------------------------
 # Rounds
 # ---------------------------------------------------------------------------
@@ -123,6 +148,30 @@ def run_command(command: Sequence[str], env: dict | None = None, timeout: float 
                           timeout=timeout, check=False)
     return {"code": done.returncode, "wall": time.perf_counter() - started,
             "stdout": done.stdout, "stderr": done.stderr}
+
+
+def measure(command: Sequence[str], log_path, env: dict | None = None, cwd=None,
+            every: float = 0.02) -> dict:
+    """Runs `command` (a fresh process, its output to `log_path`): wall seconds, the peak RSS
+    of its whole process tree (MB, sampled every `every` seconds), its own largest RSS and CPU
+    seconds (wait4: user + system, with its waited-for children). A failure raises
+    RuntimeError with the end of the log."""
+    with open(log_path, "w") as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                   env=env)
+        with TreeSampler(process.pid, every, started) as tree:
+            _, status, usage = os.wait4(process.pid, 0)
+            wall = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        with open(log_path, errors="replace") as log:
+            tail = log.read()[-3000:]
+        raise RuntimeError(f"{' '.join(map(str, command[:4]))} ... failed "
+                           f"({process.returncode}); end of {log_path}:\n{tail}")
+    return {"wall_s": wall, "peak_mb": tree.peak_mib,
+            "max_process_rss_mb": usage.ru_maxrss / 1024,
+            "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 def figure(rounds: list[dict], name: str, pick: Callable[[dict], float]) -> list[float]:

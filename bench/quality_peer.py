@@ -11,6 +11,8 @@ import random
 import time
 from pathlib import Path
 
+from bench import protocol
+
 CALIBRATION_STEPS = 16  # untimed peer steps to measure seconds per step (the first 4 ignored)
 
 # (b) "documented": BERT's pretraining recipe, as the BERT paper gives it (Devlin et al. 2019,
@@ -203,8 +205,10 @@ class Peer:
         self.torch, self.transformers = torch, transformers
         self.args, self.config, self.workdir = args, config, workdir
         self.step_seconds = {}  # batch size -> measured seconds per step
-        # Every core of the machine, as ours (TensorFlow) uses: 2 here.
-        torch.set_num_threads(os.cpu_count() or 2)
+        # The bench's pinned count (bench/protocol.py), else every core, as ours uses.
+        if not os.environ.get(protocol.THREADS_VARIABLE):
+            torch.set_num_threads(os.cpu_count() or 2)
+        self.pools = protocol.pin_torch(torch)
         self.tokenizer = peer_tokenizer(transformers, paths.vocab_file)
         self.vocab_size = len(self.tokenizer)
         self.arch = config_lib.model_architecture(config)

@@ -120,6 +120,7 @@ def test_quick_sets_tiny_budgets_unless_given():
     (["--dapt-seconds", "0"], "--dapt-seconds"),
     (["--pretrain", "train.warmup_steps"], "KEY=VALUE"),
     (["--max-train", "many"], "invalid int"),
+    (["--threads", "-1"], "--threads"),
 ])
 def test_bad_arguments_one_line_exit_2(argv, words, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -138,3 +138,17 @@ def test_the_cpu_facts_read_this_machine():
     assert f"{machine.cores()} cores" in line and "load average" in line
     assert machine.versions(["pytest", "no-such-distribution-x"]) == {
         "pytest": pytest.__version__, "no-such-distribution-x": "not installed"}
+
+
+def test_measure_counts_the_whole_tree_and_a_failure_names_its_log(tmp_path):
+    # a child that starts a grandchild holding ~200 MB for a moment: the tree's peak counts it
+    grandchild = "b = b'x' * (200 * 2 ** 20); import time; time.sleep(1.0)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    found = protocol.measure([sys.executable, "-c", parent], tmp_path / "log.txt")
+    assert found["peak_mb"] > 200 and found["max_process_rss_mb"] > 0
+    assert found["wall_s"] >= 1.0 and found["cpu_s"] >= 0
+    with pytest.raises(RuntimeError) as err:
+        protocol.measure([sys.executable, "-c", "print('the end of it'); raise SystemExit(3)"],
+                         tmp_path / "bad.txt")
+    assert "failed (3)" in str(err.value) and "the end of it" in str(err.value)
+

@@ -52,3 +52,4 @@ def test_vocab_part_on_a_slice_of_the_demo_corpus(tmp_path):
     assert large["learned"] < large["requested"]
     assert large["pieces_per_word"] < small["pieces_per_word"]
     assert large["split_share"] < small["split_share"]
+

@@ -262,6 +262,11 @@ def test_gpu_bench_runs_tiny_without_tensorflow():
     lines = result.stdout.strip().splitlines()
     assert f"on {backend}" in lines[0] and "TensorFlow imported: False" in lines[0]
     assert lines[-1].startswith("gpu-bench: ") and " seq/s mfu " in lines[-1]
+    # the steps timed in 3 windows (the default --repeat), the host's load before each
+    windows = [line for line in lines if line.startswith("gpu-bench: window ")]
+    assert [w.split()[2] for w in windows] == ["1/3", "2/3", "3/3"]
+    assert all("host load average" in w for w in windows)
+    assert any("seq/s median (min-max)" in line for line in lines)
 
 
 def test_pipeline_turns_onednn_on_before_tensorflow_loads():
