@@ -234,7 +234,8 @@ def print_header(args, sources: dict) -> None:
     seeds = ", ".join(str(args.seed + i) for i in range(args.repeat))
     print(f"  settings: seq {args.seq_len}, batch {args.batch_size}, {args.steps} steps, warmup "
           f"{args.warmup_fraction:g} then linear to 0, weight decay {args.weight_decay:g}, "
-          f"dropout {args.dropout:g}, float32 both sides, memory at 1x and {args.copies}x"
+          f"dropout {args.dropout:g}, float32 both sides, "
+          f"{f'memory at 1x and {args.copies}x' if args.copies > 1 else 'no memory run'}"
           f"{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}", flush=True)
     print(f"  protocol: {args.repeat} round(s) per start (seeds {seeds}), ours then transformers "
           f"in each, every run a fresh process; {protocol.threads_text(args.threads)}",
