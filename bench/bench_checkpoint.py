@@ -59,7 +59,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -67,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 from bench import bench_finetune as bf  # our stage and the peer run, timings, CPU facts
 from bench import checkpoint_fetch as fetch
 from bench import finetune_report, machine, protocol
-from bench.finetune_data import BROWN, make_splits, read_tsv
+from bench.finetune_data import BROWN, baselines_on_tsv, make_splits, read_tsv
 from bench.finetune_peer import compare_pooled, compare_tokenizers
 
 NAME = "bench-checkpoint"  # the bench named in the errors of bench_finetune's helpers
@@ -211,26 +210,6 @@ def heldout_before_after(curve: list) -> dict:
     first, last = curve[0], curve[-1]
     return {"before": first[2] if first[0] == 0 else None, "after": last[2],
             "steps": int(last[0]), "seconds": float(last[1])}
-
-
-def baselines_on_tsv(data_dir: Path, labels: list, seed: int) -> dict:
-    """The classification task's baselines (majority, counts + LR, TF-IDF linear models with
-    C chosen on validation.tsv) on the bench's train/test TSV files, the strongest on test
-    macro-F1 ("best": its name) and the seconds they took."""
-    from pipeline.config.sections import FinetuneConfig
-    from pipeline.finetuning import baselines, tasks
-
-    rows = {name: [SimpleNamespace(text=t, text_pair=None, label=y)
-                   for t, y in read_tsv(data_dir / f"{name}.tsv")]
-            for name in ("train", "validation", "test")}
-    started = time.perf_counter()
-    out = tasks.get("classification", FinetuneConfig()).baselines(
-        SimpleNamespace(train=rows["train"], validation=rows["validation"], test=rows["test"],
-                        labels=labels, pair=False, metric="macro_f1"), seed)
-    out["seconds"] = time.perf_counter() - started
-    out["best"] = baselines.strongest({k: v for k, v in out.items() if isinstance(v, dict)},
-                                      "macro_f1")[0]
-    return out
 
 
 # ---------------------------------------------------------------------------
