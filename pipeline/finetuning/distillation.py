@@ -281,13 +281,12 @@ class Distiller(keras.Model):
         return {tracker.name: tracker.result() for tracker in self.trackers}
 
 
-def checkpoints(ctx: RunContext, teacher: Teacher) -> runtime.Checkpoints:
+def checkpoints(ctx: RunContext) -> runtime.Checkpoints:
     """<run_dir>/distill/.checkpoints/<name>/, for the settings that shape the student's
     training: the distill section, the student's finetune section, the teacher's and vocab's
     digests and the splits."""
     config, fc = ctx.config, ctx.fc
-    settings = runtime.run_settings(config, ctx.data, teacher.paths.model_keras,
-                                    teacher.paths.vocab_file)
+    settings = runtime.run_settings(ctx)  # the teacher's model and vocab files
     settings["distill"] = {k: v for k, v in sorted(config_lib.to_dict(config)["distill"].items())
                            if k != "register_model"}
     folder = Artifacts(config.run_dir).distill_root / ".checkpoints" / fc.name

@@ -22,7 +22,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
-from pipeline.finetuning import outputs, readers, records, runtime, task_model
+from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
 from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.context import RunContext, TokenizerBundle
@@ -232,14 +232,8 @@ def checkpoints(ctx: RunContext, tasks: list[Task], name: str) -> runtime.Checkp
     task's for its single-task baseline), for the settings that shape training: the multitask
     and finetune sections, the encoder's and vocab's digests, every task's splits."""
     config, fc = ctx.config, ctx.fc
-    sections = config_lib.to_dict(config)
-    settings = {"multitask": sections["multitask"],
-                "finetune": {k: v for k, v in sorted(sections["finetune"].items())
-                             if k not in runtime.NOT_SHAPING},
-                "init_model_sha256": artifacts.sha256_file(ctx.model_path),
-                "vocab_sha256": artifacts.sha256_file(ctx.tokenizer.vocab_path),
-                "splits": json.loads(json.dumps({t.name: t.data.splits for t in tasks},
-                                                default=str))}
+    settings = {**runtime.run_settings(ctx, {t.name: t.data.splits for t in tasks}),
+                "multitask": config_lib.to_dict(config)["multitask"]}
     folder = ctx.paths.dir.parent / ".checkpoints" / config.multitask.name / name
     return runtime.Checkpoints(folder, settings, fc.keep_checkpoints, fc.checkpoint_every)
 
@@ -248,22 +242,14 @@ def checkpoints(ctx: RunContext, tasks: list[Task], name: str) -> runtime.Checkp
 # Building the models
 # ---------------------------------------------------------------------------
 def context(config: Config) -> RunContext:
-    """The run's context: the shared encoder's file and tokenizer (`task_model.resolve_init`),
-    the strategy of train.*, the output folder <run_dir>/multitask/<name>/ (each task keeps
-    its own task, data and splits: `Task`)."""
-    from pipeline.training import strategy as strategy_lib
-
+    """The run's context: the shared encoder's file and tokenizer, the strategy of train.*,
+    the output folder <run_dir>/multitask/<name>/ (each `Task` has its own data and splits)."""
     if not config.multitask.tasks:
         raise FinetuneError("multitask.tasks is empty; list the tasks, e.g. [{name: genre, "
                             "dataset: brown_genre}, {name: pos, task: token_classification, "
                             "dataset: brown_pos}] (see configs/multitask_brown.yaml)")
-    model_path, vocab_path = task_model.resolve_init(config)
-    tokenizer = TokenizerBundle.beside(vocab_path, config.vocab.lowercase,
-                                       config.finetune.max_seq_length)
-    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
-                                         config.train.allow_cpu)
-    return RunContext(config, tokenizer, model_path, strategy,
-                      artifacts.Artifacts(config.run_dir).multitask(config.multitask.name))
+    return RunContext.shared(config, artifacts.Artifacts(config.run_dir).multitask(
+        config.multitask.name))
 
 
 def load_tasks(config: Config, tokenizer: TokenizerBundle) -> list[Task]:
@@ -283,23 +269,6 @@ def load_tasks(config: Config, tokenizer: TokenizerBundle) -> list[Task]:
                  + f"; loss weight {spec.weight}, sampling ratio {spec.sampling_ratio}")
         out.append(Task(spec, data, splits))
     return out
-
-
-def fresh_backbone(ctx: RunContext, tasks: list[Task]):
-    """The shared encoder loaded afresh in the strategy's scope, checked against the vocab
-    and the tasks' longest max_seq_length (FinetuneError)."""
-    model_path, vocab = ctx.model_path, ctx.tokenizer.vocab
-    with ctx.strategy.scope():
-        backbone = task_model.load_backbone(model_path)
-    if backbone.vocabulary_size != len(vocab):
-        raise FinetuneError(f"the encoder in {model_path} has {backbone.vocabulary_size} "
-                            f"token embeddings but {ctx.tokenizer.vocab_path} has {len(vocab)} "
-                            f"tokens; give the vocab it was trained with (finetune.vocab_file)")
-    longest = max(t.spec.finetune.max_seq_length for t in tasks)
-    if longest > backbone.max_sequence_length:
-        raise FinetuneError(f"a task's max_seq_length ({longest}) exceeds the encoder's "
-                            f"{backbone.max_sequence_length} positions ({model_path})")
-    return backbone
 
 
 def build_models(tasks: list[Task], backbone, fc, total_steps: int):
@@ -360,7 +329,7 @@ def single_task_baseline(ctx: RunContext, tasks: list[Task], task: Task, steps: 
 
     fc = ctx.fc
     keras.utils.set_random_seed(fc.seed)
-    backbone = fresh_backbone(ctx, tasks)
+    backbone = ctx.load_encoder(max(t.spec.finetune.max_seq_length for t in tasks))
     alone = Task(dataclasses.replace(task.spec, weight=1.0, sampling_ratio=1.0), task.data,
                  task.splits)
     with ctx.strategy.scope():

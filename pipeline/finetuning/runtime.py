@@ -191,17 +191,18 @@ NOT_SHAPING = frozenset({"jit_compile", "steps_per_execution", "checkpoint_every
                          "recipe", "recipe_learning_rates", "recipe_search_fraction"})
 
 
-def run_settings(config, data, model_path: Path, vocab_path: Path) -> dict:
-    """What a fine-tuning's checkpoints belong to: every finetune.* key that shapes training,
-    the sha256 of the encoder and vocab files it starts from, and the splits (splits.json:
-    seeds, counts, the data's digests)."""
+def run_settings(ctx, splits: dict | None = None) -> dict:
+    """What the checkpoints of the run of `ctx` (context.RunContext) belong to: every
+    finetune.* key that shapes training, the sha256 of the encoder and vocab files it starts
+    from, and the splits (`splits`, default the data's splits.json: seeds, counts, digests)."""
     from pipeline.config import to_dict
 
-    fc = to_dict(config)["finetune"]
+    fc = to_dict(ctx.config)["finetune"]
+    splits = ctx.data.splits if splits is None else splits
     return {"finetune": {k: v for k, v in sorted(fc.items()) if k not in NOT_SHAPING},
-            "init_model_sha256": artifacts.sha256_file(model_path),
-            "vocab_sha256": artifacts.sha256_file(vocab_path),
-            "splits": json.loads(json.dumps(data.splits, default=str))}
+            "init_model_sha256": artifacts.sha256_file(ctx.model_path),
+            "vocab_sha256": artifacts.sha256_file(ctx.tokenizer.vocab_path),
+            "splits": json.loads(json.dumps(splits, default=str))}
 
 
 class Checkpoints:
@@ -217,15 +218,17 @@ class Checkpoints:
         self.keep, self.every, self.write = max(1, keep), every, write
 
     @classmethod
-    def for_run(cls, config, data, model_path: Path, vocab_path: Path, name: str):
+    def for_run(cls, ctx):
+        """The finetune stage's, <run_dir>/finetune/.checkpoints/<name>/, for the settings of
+        the run of `ctx` (`run_settings`); written by the chief of a multi-worker cluster."""
         from pipeline.artifacts import Artifacts
+        from pipeline.finetuning.task_model import output_name
         from pipeline.training import strategy as strategy_lib
 
-        fc = config.finetune
+        config, fc = ctx.config, ctx.fc
         write = config.train.strategy != "multi_worker" or strategy_lib.is_chief()
-        return cls(Artifacts(config.run_dir).finetune_checkpoints(name),
-                   run_settings(config, data, model_path, vocab_path),
-                   fc.keep_checkpoints, fc.checkpoint_every, write)
+        return cls(Artifacts(config.run_dir).finetune_checkpoints(output_name(fc)),
+                   run_settings(ctx), fc.keep_checkpoints, fc.checkpoint_every, write)
 
     def found(self) -> list[tuple[int, Path]]:
         """[(step, folder)] of the complete checkpoints, oldest first."""

@@ -35,7 +35,7 @@ from pipeline.finetuning import runtime, tasks
 from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.context import RunContext
 from pipeline.finetuning.outputs import _report, compare_with_baselines, write_and_log
-from pipeline.finetuning.task_model import FinetuneError, load_backbone, output_name
+from pipeline.finetuning.task_model import FinetuneError
 from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,7 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     log.info(f"finetune: {task.name} on {fc.dataset}{glue_task}: {counts['train']:,} train / "
              f"{counts['validation']:,} validation / {counts['test']:,} test examples"
              + (f", {len(data.labels)} labels" if data.labels else ""))
-    with ctx.strategy.scope():
-        backbone = runtime.with_precision(load_backbone(model_path), fc.precision)
-    check_backbone(ctx, backbone)
+    backbone = ctx.load_encoder(fc.max_seq_length, fc.precision)
     # The features of every split: TFRecords written once by a Beam job (the same for the
     # same task settings, vocab and examples: reused), streamed by tf.data from here on.
     ctx = ctx.with_features()
@@ -105,9 +103,7 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
 
     # 4. Train, keeping the best epoch by the validation metric; checkpoints (the stage's run,
     # not a sweep's points) in finetune/.checkpoints/<name>/: a re-run resumes there.
-    checkpoints = (runtime.Checkpoints.for_run(config, data, model_path,
-                                               ctx.tokenizer.vocab_path, output_name(fc))
-                   if write_outputs else None)
+    checkpoints = runtime.Checkpoints.for_run(ctx) if write_outputs else None
     plan = runtime.FitPlan(fc, total_steps, epochs, fc.max_seconds, checkpoints)
     evaluator = train_best_epoch(ctx, (model, encoder), plan)
     train_seconds = time.time() - started
@@ -138,19 +134,6 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
         results["output_dir"] = str(ctx.paths.dir)
         checkpoints.remove()  # the output folder is complete
     return results
-
-
-def check_backbone(ctx: RunContext, backbone) -> None:
-    """The encoder fits the vocab and finetune.max_seq_length (FinetuneError if not)."""
-    vocab, vocab_path = ctx.tokenizer.vocab, ctx.tokenizer.vocab_path
-    if backbone.vocabulary_size != len(vocab):
-        raise FinetuneError(f"the encoder in {ctx.model_path} has {backbone.vocabulary_size} "
-                            f"token embeddings but {vocab_path} has {len(vocab)} tokens; give "
-                            f"the vocab it was trained with (finetune.vocab_file)")
-    if ctx.fc.max_seq_length > backbone.max_sequence_length:
-        raise FinetuneError(f"finetune.max_seq_length = {ctx.fc.max_seq_length} exceeds the "
-                            f"encoder's {backbone.max_sequence_length} positions "
-                            f"({ctx.model_path}); lower it")
 
 
 def build_trainable(ctx: RunContext, backbone, total_steps: int):

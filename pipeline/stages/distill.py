@@ -55,7 +55,7 @@ def run(config: Config, write_outputs: bool = True) -> dict:
     distiller = distillation.Distiller(teacher.model, student.model, dc)
     distiller.compile(optimizer=runtime.build_optimizer(fc, total_steps, knobs=False),
                       **runtime.compile_options(fc))
-    saved = distillation.checkpoints(ctx, teacher) if write_outputs else None
+    saved = distillation.checkpoints(ctx) if write_outputs else None
     history, best_epoch = distillation.train_student(ctx, distiller, student.model, total_steps,
                                                      saved)
     train_seconds = time.time() - started

@@ -59,7 +59,7 @@ def run(config: Config, write_outputs: bool = True) -> dict:
 
     # Multi-task training.
     keras.utils.set_random_seed(fc.seed)
-    backbone = mt.fresh_backbone(ctx, tasks)
+    backbone = ctx.load_encoder(max(t.spec.finetune.max_seq_length for t in tasks))
     with ctx.strategy.scope():
         mt.build_models(tasks, backbone, fc, steps)
     trained = mt.train_mixed(tasks, steps, fc, saved=saved("mixed"))
