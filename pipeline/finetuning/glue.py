@@ -1,7 +1,8 @@
 """The GLUE benchmark around fine-tuning: which task folders a GLUE download holds, the
 leaderboard's entries and how its score averages them, the unlabelled test files, the
 submission files (`<TASK>.tsv`, `index` and `prediction`, the label names the leaderboard
-expects) and the results table. The glue stage (pipeline/stages/glue.py) runs the tasks.
+expects), a task fine-tuned per grid point (`fine_tune_task`) and the results table. The glue
+stage (pipeline/stages/glue.py) runs the tasks.
 
 Scores, as the benchmark defines them (Wang et al. 2019, GLUE; the leaderboard's columns):
 
@@ -39,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import artifacts
-from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import metrics
 from pipeline.finetuning.readers import (
@@ -50,6 +50,7 @@ from pipeline.finetuning.readers import (
     read_glue,
 )
 
+from pipeline.finetuning.sweep import point_config
 from pipeline.finetuning.train import fine_tune
 from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
@@ -321,7 +322,10 @@ def fine_tune_task(config: Config, task: str, points: list) -> dict:
     started, trials = time.time(), []
     for i, point in enumerate(points, start=1):
         name = f"glue_{task}" + (f"_p{i}" if len(points) > 1 else "")
-        task_config = task_config(config, task, name, point)
+        task_config = point_config(  # the task's finetune section, validated as the CLI would
+            config, point, f"glue task {task}", dataset="glue", glue_task=task, name=name,
+            labels=[], baselines=point.get("baselines", config.finetune.baselines),
+            task="regression" if GLUE_TASKS[task]["labels"] is None else "classification")
         label = " ".join(f"{k}={v}" for k, v in point.items())
         with (tracking.nested_run(f"glue {task} {i}: {label}", {"pipeline.stage": "glue-point"})
               if len(points) > 1 else contextlib.nullcontext()):
@@ -347,16 +351,6 @@ def fine_tune_task(config: Config, task: str, points: list) -> dict:
                                                       "steps", "train_seconds")},
             "trials": [{k: t[k] for k in ("point", "model_dir", "score")} for t in trials],
             "seconds": round(time.time() - started, 1), "predictions": predictions}
-
-
-def task_config(config: Config, task: str, name: str, point: dict) -> Config:
-    """The finetune section for one GLUE task (and grid point), validated as the CLI would."""
-    raw = config_lib.to_dict(config)
-    raw["finetune"].update(point)
-    raw["finetune"].update(dataset="glue", glue_task=task, name=name, sweep=[], labels=[],
-                           task="regression" if GLUE_TASKS[task]["labels"] is None
-                           else "classification")
-    return config_lib.from_dict(raw, f"glue task {task}")
 
 
 def earlier_records(run_dir, init_from: str, chosen: list) -> dict:

@@ -27,7 +27,6 @@ from pipeline.finetuning import tasks as task_registry
 from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.context import RunContext, TokenizerBundle
 from pipeline.finetuning.task_model import FinetuneError
-from pipeline.finetuning.tasks.base import Split
 from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox, runs
 
@@ -73,20 +72,6 @@ def task_schedule(ratios, seed: int):
                                                 seed=seed, stop_on_empty_dataset=False)
 
 
-def task_batches(split, batch_size: int, seed: int):
-    """An endless, reshuffled stream of full (x, y[, sample_weight]) batches of one task: a
-    Split in memory, or its TFRecords streamed (records.RecordSplit)."""
-    import tensorflow as tf
-
-    if not isinstance(split, Split):
-        return split.dataset(batch_size, records.SHUFFLE_BUFFER, seed)
-    n = len(split)
-    parts = (split.x, split.y) + ((split.sample_weight,) if split.sample_weight else ())
-    ds = tf.data.Dataset.from_tensor_slices(parts)
-    ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
-    return ds.batch(batch_size, drop_remainder=True).prefetch(2)
-
-
 def _seed(seed, *more) -> int:
     return int(np.random.default_rng([*np.atleast_1d(seed).tolist(), *more]).integers(1 << 31))
 
@@ -112,7 +97,8 @@ class TaskMix:
     def epoch_dataset(self, batch_size: int, seed, batches: int | None = None, skip: int = 0):
         import tensorflow as tf
 
-        streams = [task_batches(split, batch_size, _seed(seed, i))
+        # Each task's records: endless, reshuffled (x, y[, sample_weight]) batches.
+        streams = [split.dataset(batch_size, records.SHUFFLE_BUFFER, _seed(seed, i))
                    for i, split in enumerate(self.splits)]
         empty = [tf.nest.map_structure(
             lambda spec: tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype),
@@ -201,7 +187,7 @@ def train_mixed(tasks: list[Task], steps: int, run_fc, label: str = "multitask",
                   **{**runtime.compile_options(fc), "jit_compile": False})
     for i, task in enumerate(tasks):  # each compiled loss built outside the routed step
         x, y, weights = keras.utils.unpack_x_y_sample_weight(
-            next(iter(task_batches(task.splits["train"], 2, seed))))
+            next(iter(task.splits["train"].dataset(2, records.SHUFFLE_BUFFER, seed))))
         task.model.compute_loss(x=x, y=y, y_pred=task.model(x, training=False),
                                 sample_weight=weights, training=False)
     mix = TaskMix([t.splits["train"] for t in tasks], [t.spec.sampling_ratio for t in tasks],

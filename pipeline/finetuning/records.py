@@ -240,16 +240,19 @@ class RecordSplit:
         parsed = tf.io.parse_example(serialized, features)
         return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
 
-    def dataset(self, batch_size: int, shuffle_buffer: int, seed: int):
-        """Endless shuffled training batches of (x, y[, sample_weight]) for Keras."""
+    def _model_io(self, batches):
+        """Batches of serialized records -> (x, y[, sample_weight]) batches for Keras."""
         import tensorflow as tf
 
-        return (self._records(shuffle_buffer, seed, repeat=True)
-                .batch(batch_size, drop_remainder=False)
-                .map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
+        return (batches.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
                 .map(lambda rows: self.task.model_io(rows, self.inputs),
                      num_parallel_calls=tf.data.AUTOTUNE)
                 .prefetch(tf.data.AUTOTUNE))
+
+    def dataset(self, batch_size: int, shuffle_buffer: int, seed: int):
+        """Endless shuffled training batches of (x, y[, sample_weight]) for Keras."""
+        return self._model_io(self._records(shuffle_buffer, seed, repeat=True)
+                              .batch(batch_size, drop_remainder=False))
 
     def epoch_dataset(self, batch_size: int, seed, batches: int | None = None, skip: int = 0,
                       shuffle_buffer: int = SHUFFLE_BUFFER):
@@ -267,11 +270,7 @@ class RecordSplit:
             data = records.batch(batch_size)
             batches = -(-self.rows // batch_size)
         known = tf.data.experimental.assert_cardinality(max(0, batches - skip))
-        return (data.skip(skip).apply(known)
-                .map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
-                .map(lambda rows: self.task.model_io(rows, self.inputs),
-                     num_parallel_calls=tf.data.AUTOTUNE)
-                .prefetch(tf.data.AUTOTUNE))
+        return self._model_io(data.skip(skip).apply(known))
 
     def batches(self, batch_size: int):
         """(rows, model inputs) numpy batches, every record once, in file order."""

@@ -64,7 +64,7 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
 
     # 1. Data; 2. encoder, vocab, features.
     ctx = RunContext.build(config)
-    data, model_path = ctx.data, ctx.model_path
+    task, data, model_path = ctx.task, ctx.data, ctx.model_path  # one task: what `keep` told
     counts = data.splits["counts"]
     glue_task = f" ({fc.glue_task})" if fc.glue_task else ""
     log.info(f"finetune: {task.name} on {fc.dataset}{glue_task}: {counts['train']:,} train / "
