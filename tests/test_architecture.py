@@ -318,8 +318,8 @@ def long_signatures(sources: dict[str, str], limit: int = MAX_PARAMETERS) -> lis
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             a = node.args
-            params = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs,
-                                      *(p for p in (a.vararg, a.kwarg) if p is not None))]
+            params = [p.arg for p in (*a.posonlyargs, *a.args, a.vararg, *a.kwonlyargs, a.kwarg)
+                      if p is not None]
             if params[:1] in (["self"], ["cls"]):
                 params = params[1:]
             if len(params) > limit:
