@@ -301,3 +301,46 @@ def test_the_shadow_default_check_catches_what_it_claims():
     found = shadow_defaults({**bad, **ok}, sections)
     assert [line.split(":")[0] for line in found] == \
         ["a.py", "b.py", "c.py", "d.py", "e.py", "e.py"], found
+
+
+# Few parameters in fine-tuning: what a run shares (its config, task, data, tokenizer, splits,
+# paths, strategy) travels as one context (pipeline/finetuning/context.py), a training's knobs
+# as one plan (runtime.FitPlan), not as loose arguments passed along from call to call.
+MAX_PARAMETERS = 5
+
+
+def long_signatures(sources: dict[str, str], limit: int = MAX_PARAMETERS) -> list[str]:
+    """Every function in `sources` (name -> code) taking more than `limit` parameters (a
+    method's self or cls not counted; keyword-only ones, *args and **kwargs counted)."""
+    problems = []
+    for name, code in sources.items():
+        for node in ast.walk(ast.parse(code)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            params = [p.arg for p in (*a.posonlyargs, *a.args, a.vararg, *a.kwonlyargs, a.kwarg)
+                      if p is not None]
+            if params[:1] in (["self"], ["cls"]):
+                params = params[1:]
+            if len(params) > limit:
+                problems.append(f"{name}:{node.lineno}: {node.name} takes {len(params)} "
+                                f"parameters ({', '.join(params)}), more than {limit}")
+    return problems
+
+
+def test_no_fine_tuning_function_takes_more_than_five_parameters():
+    sources = {name: code for name, code in _pipeline_sources().items()
+               if name.startswith("pipeline/finetuning/")}
+    assert len(sources) > 20  # the package was found
+    problems = long_signatures(sources)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parameter_check_counts_what_it_claims():
+    found = long_signatures({
+        "a.py": "def f(a, b, c, d, e, g):\n    pass\n",
+        "b.py": "class C:\n    def m(self, a, b, c, d, e):\n        pass\n"
+                "    def n(self, a, *b, c, d, e, **f):\n        pass\n",
+        "c.py": "def ok(a, b, c, d, e=1):\n    def inner(a, b, c, d, e, f):\n        pass\n"})
+    assert [line.split(": ")[1].split(" takes")[0] for line in found] == ["f", "n", "inner"]
+    assert "n takes 6 parameters (a, b, c, d, e, f)" in found[1]

@@ -38,16 +38,16 @@ def test_read_table_csv_tsv_jsonl_with_column_mapping(tmp_path):
     (tmp_path / "a.csv").write_text('sentence,other,tag\n"A cat, big",x,pos\nA dog,y,neg\n')
     (tmp_path / "a.tsv").write_text("q\td\tscore\nwho\tparis\t1.5\n")
     (tmp_path / "a.jsonl").write_text('{"text": "a", "label": 1}\n\n{"text": "b", "label": 0}\n')
-    csv_examples = readers.read_table(tmp_path / "a.csv", "sentence", "", "tag")
+    csv_examples = readers.read_table(tmp_path / "a.csv", ("sentence", "", "tag"))
     assert [(e.text, e.label) for e in csv_examples] == [("A cat, big", "pos"), ("A dog", "neg")]
     assert csv_examples[0].source.endswith("a.csv:2")
-    tsv = readers.read_table(tmp_path / "a.tsv", "q", "d", "score", regression=True)
+    tsv = readers.read_table(tmp_path / "a.tsv", ("q", "d", "score"), regression=True)
     assert (tsv[0].text, tsv[0].text_pair, tsv[0].label) == ("who", "paris", 1.5)
     assert [e.label for e in readers.read_table(tmp_path / "a.jsonl")] == ["1", "0"]
     with pytest.raises(readers.FinetuneDataError, match=r"no column 'label'.*label_column"):
-        readers.read_table(tmp_path / "a.csv", "sentence")
+        readers.read_table(tmp_path / "a.csv", ("sentence", "", "label"))
     with pytest.raises(readers.FinetuneDataError, match="not a number"):
-        readers.read_table(tmp_path / "a.csv", "sentence", "", "tag", regression=True)
+        readers.read_table(tmp_path / "a.csv", ("sentence", "", "tag"), regression=True)
 
 
 def test_read_conll_and_squad(tmp_path):
@@ -231,10 +231,11 @@ def test_qa_features_windows_and_answer_recovery(pre):
         start_logits[i, f["start_positions"][i]] = end_logits[i, f["end_positions"][i]] = 5.0
     q2 = [i for i, e in enumerate(f["example_index"]) if e == 1]
     start_logits[q2, 0] = end_logits[q2, 0] = 9.0  # [CLS]: no answer
-    answers = features.qa_predictions(examples, f, start_logits, end_logits, version_2=True)
+    logits = {"start_logits": start_logits, "end_logits": end_logits}
+    answers = features.qa_predictions(examples, f, logits, {"version_2": True})
     assert answers == {"q1": "London", "q2": ""}
     # v1: always a span, never "".
-    assert features.qa_predictions(examples, f, start_logits, end_logits)["q2"] != ""
+    assert features.qa_predictions(examples, f, logits)["q2"] != ""
 
 
 def test_every_finetune_config_file_loads():

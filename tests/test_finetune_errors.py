@@ -76,7 +76,7 @@ def test_missing_column_or_value_names_file_line_and_column(tmp_path):
     f = _write(tmp_path / "shifted.csv", "text,label\nthe cat,pos\nA cat, big,pos\n")
     _names(_message(readers.read_table, f), f"{f}:3:", "3 fields", "2 columns", "quote")
     f = _write(tmp_path / "scores.tsv", "text\tscore\nthe cat\t0.5\nthe dog\tnan\n")
-    _names(_message(readers.read_table, f, "text", "", "score", regression=True),
+    _names(_message(readers.read_table, f, ("text", "", "score"), regression=True),
            f"{f}:3:", "column 'score'", "not a number")
 
 
@@ -138,15 +138,15 @@ def test_one_class_names_the_file_lines_label_and_key(tmp_path):
 
 def test_pair_task_needs_a_second_text_on_every_row(tmp_path):
     f = _write(tmp_path / "single.csv", "text,label\n" + ROWS)
-    _names(_message(readers.read_table, f, "text", "text2"),
+    _names(_message(readers.read_table, f, ("text", "text2", "label")),
            f"{f}:1:", "no column 'text2'", "(finetune.text_pair_column)")
-    _names(_message(readers.read_table, f, "text", "text"),
+    _names(_message(readers.read_table, f, ("text", "text", "label")),
            f"{f}:1:", "text_pair_column = text_column = 'text'")
     f = _write(tmp_path / "pairs.tsv", "q\td\tlabel\nwho\tparis\tx\nwhat\t \ty\n")
-    _names(_message(readers.read_table, f, "q", "d"),
+    _names(_message(readers.read_table, f, ("q", "d", "label")),
            f"{f}:3:", "column 'd'", "(finetune.text_pair_column)", "is empty")
     f = _write(tmp_path / "pairs.jsonl", '{"q": "who", "d": "paris"}\n{"q": "what"}\n')
-    _names(_message(readers.read_table, f, "q", "d", require_label=False),
+    _names(_message(readers.read_table, f, ("q", "d", "label"), require_label=False),
            f"{f}:2:", "no column 'd'", "(finetune.text_pair_column)")
     mrpc = _write(tmp_path / "MRPC" / "train.tsv", "Quality\t#1 ID\t#1 String\n1\t1\tA cat.\n")
     _names(_message(readers.read_glue_file, mrpc, "mrpc"),

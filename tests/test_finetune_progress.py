@@ -9,6 +9,7 @@ import logging
 import random
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from pipeline import config as config_lib
 from pipeline.config import data_job
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import readers, records, tasks
+from pipeline.finetuning.context import TokenizerBundle
 from tests.test_finetune_data import WORDS, write_vocab
 from tests.test_finetune_records import write_animal_place_csv
 
@@ -66,7 +68,9 @@ def test_the_workers_tell_every_byte_and_the_records_do_not_change(vocab, tmp_pa
     monkeypatch.setattr(finetune_data, "ENCODE_BATCH", 16)
     size = _examples_dir(tmp_path / "examples", {"train": 90, "validation": 20, "test": 20})
     fc = config_lib.FinetuneConfig(task="classification", max_seq_length=SEQ)
-    encoder = records.RowEncoder("classification", fc, tokens, True, ["x", "y"], False)
+    encoder = records.RowEncoder("classification", fc,
+                                 TokenizerBundle(tokens, Path("vocab.txt"), True, SEQ),
+                                 ["x", "y"], False)
 
     def job(out, *extra):
         return finetune_data.run(["--input_dir", str(tmp_path / "examples"), "--output_dir",
@@ -101,7 +105,8 @@ def _config(tmp_path, vocab_path, run: str):
 def _write(config, tokens, vocab_path):
     task = tasks.get("classification", config.finetune)
     data = fd.load_task(config.finetune)
-    return records.write_or_reuse(config, task, data, tokens, vocab_path, True)
+    return records.write_or_reuse(config, task, data, TokenizerBundle(tokens, vocab_path, True,
+                                                                      SEQ))
 
 
 def test_plain_lines_off_a_terminal_and_none_for_a_short_job(vocab, tmp_path, caplog,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -19,6 +20,7 @@ from models.bert import BertEncoder
 from pipeline import config as config_lib
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import readers, records, tasks
+from pipeline.finetuning.context import TokenizerBundle
 from pipeline.text.packing import PythonPreprocessor, round_robin
 from tests.conftest import PipelineLines
 from tests.test_finetune_data import WORDS, write_vocab
@@ -107,7 +109,8 @@ def test_beam_rows_equal_the_in_memory_rows(vocab, name):
     examples, labels, pair = _examples(name, random.Random(hash(name) % 100))
     graph = preprocessor.TextPreprocessor(tokens, True, SEQ)
     expected = task.rows(task.make_split(examples, graph, labels, pair))
-    encoder = records.RowEncoder(fc.task, fc, tokens, True, labels, pair)
+    tokenizer = TokenizerBundle(tokens, Path("vocab.txt"), True, SEQ)
+    encoder = records.RowEncoder(fc.task, fc, tokenizer, labels, pair)
     items = [json.loads(records.example_json(i, e)) for i, e in enumerate(examples)]
     got, inputs = encoder.row_arrays(items)
     assert set(got) == set(expected) and set(inputs) <= set(got)
@@ -148,8 +151,9 @@ def test_records_are_written_once_reused_and_read_back(tmp_path, vocab):
     config = _classification_config(tmp_path, model, vocab_path)
     task = tasks.get("classification", config.finetune)
     data = fd.load_task(config.finetune)
+    tokenizer = TokenizerBundle(tokens, vocab_path, True, SEQ)
     with PipelineLines() as lines:
-        splits = records.write_or_reuse(config, task, data, tokens, vocab_path, True)
+        splits = records.write_or_reuse(config, task, data, tokenizer)
     folder = next((tmp_path / "run" / "finetune_features").iterdir())
     assert "wrote" in lines[-1] and (folder / "checksums.json").is_file()
     lineage = json.loads((folder / records.LINEAGE).read_text())
@@ -157,11 +161,11 @@ def test_records_are_written_once_reused_and_read_back(tmp_path, vocab):
     assert len(splits["train"]) == len(data.train) and len(splits["test"]) == len(data.test)
 
     with PipelineLines() as lines:
-        again = records.write_or_reuse(config, task, data, tokens, vocab_path, True)
+        again = records.write_or_reuse(config, task, data, tokenizer)
     assert "reusing" in lines[-1] and again["train"].files == splits["train"].files
     changed = dataclass_replace(config, max_seq_length=SEQ - 4)
     records.write_or_reuse(changed, tasks.get("classification", changed.finetune), data,
-                           tokens, vocab_path, True)
+                           tokenizer)
     assert len(list((tmp_path / "run" / "finetune_features").iterdir())) == 2
 
     # Evaluation rows from the records == the in-memory rows, in example order.

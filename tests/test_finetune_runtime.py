@@ -74,8 +74,8 @@ def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None):
         return {"accuracy": float(np.mean(logits.argmax(-1) == split.y["logits"]))}
 
     evaluator = EpochEvaluator(accuracy, "accuracy", to_mlflow=False)
-    runtime.fit(model, split, fc, total, epochs, evaluator, [StopAt(total), evaluator],
-                checkpoints)
+    runtime.fit(model, split, runtime.FitPlan(fc, total, epochs, checkpoints=checkpoints),
+                evaluator, [StopAt(total), evaluator])
     return model, evaluator
 
 

@@ -118,7 +118,8 @@ def test_token_classification_saved_model_equals_python_tokenization(tmp_path, e
     model = _task_model(encoder_files, "BertTokenClassifier", len(labels))
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 16)
     folder = tmp_path / "tagger"  # a model folder with the SavedModel only (no model.keras)
-    tasks.get("token_classification").export(model, pre, folder / "saved_model", labels, False, {})
+    tasks.get("token_classification").export(model, pre, folder / "saved_model",
+                                             {"labels": labels, "pair": False})
     (folder / "task.json").write_text(json.dumps({"task": "token_classification",
                                                   "labels": labels, "pair": False}))
     rows = export.run_token_model(export.load_saved_model(folder / "saved_model"), TAG_TEXTS,
@@ -174,8 +175,7 @@ def test_question_answering_saved_model_equals_python_tokenization(tmp_path, enc
     model = _task_model(encoder_files, "BertSpanExtractor", seed=1)
     pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(encoder_files[1]), True, 24)
     folder = tmp_path / "qa"  # a model folder with the SavedModel only (no model.keras)
-    tasks.get("question_answering").export(model, pre, folder / "saved_model", None, False,
-                                           options)
+    tasks.get("question_answering").export(model, pre, folder / "saved_model", options)
     (folder / "task.json").write_text(json.dumps({"task": "question_answering", "labels": None,
                                                   "pair": False, **options}))
     rows = export.run_qa_model(export.load_saved_model(folder / "saved_model"),
@@ -186,10 +186,8 @@ def test_question_answering_saved_model_equals_python_tokenization(tmp_path, enc
     features = features_lib.qa_features(examples, pre, options["max_query_length"], options["doc_stride"])
     assert max(np.bincount(features["example_index"])) >= 3  # the long context: many windows
     out = model.predict({k: features[k] for k in task_model.INPUTS}, verbose=0)
-    start, end = np.asarray(out["start_logits"]), np.asarray(out["end_logits"])
     scores = {}
-    answers = features_lib.qa_predictions(examples, features, start, end, options["n_best"],
-                                          options["max_answer_length"], True, -5.5, scores=scores)
+    answers = features_lib.qa_predictions(examples, features, out, options, scores=scores)
     assert [r["answer"] for r in rows] == [answers[e.qid] for e in examples]
     assert sum(bool(r["answer"]) for r in rows) >= 2  # spans found, in several windows too
     assert any(r["score"] > -np.inf and not r["answer"] for r in rows)  # the null answer won

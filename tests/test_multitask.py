@@ -4,6 +4,7 @@ metrics and the single-task comparison are logged to MLflow."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -15,7 +16,7 @@ import pytest
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.finetuning import multitask as multitask_lib
-from pipeline.text import vocab as vocab_lib
+from pipeline.finetuning.context import TokenizerBundle
 from pipeline.stages import multitask
 
 from tests.test_distill import (killed_after_first_checkpoint, outage_metric_history, progress_lines,
@@ -89,8 +90,8 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
     for weight in (0.0, 1.0):
         config = make_config(tmp_path, encoder_files, "finetune.weight_decay=0.0",
                              topic_weight=weight)
-        vocab = vocab_lib.read_vocab(encoder_files[1])
-        tasks = multitask_lib.load_tasks(config, vocab, encoder_files[1], True)
+        tokenizer = TokenizerBundle.read(encoder_files[1], True, 24)
+        tasks = multitask_lib.load_tasks(config, tokenizer)
         keras.utils.set_random_seed(0)
         from pipeline.finetuning import task_model
 
@@ -98,7 +99,8 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
         multitask_lib.build_models(tasks, backbone, config.finetune, 12)
         before = {t.name: _head_kernel(t) for t in tasks}
         embedding = np.array(backbone.get_layer("token_embedding").embeddings)
-        trained = multitask_lib.train_mixed(tasks, 12, 8, 0)
+        trained = multitask_lib.train_mixed(tasks, 12, dataclasses.replace(config.finetune,
+                                                                           seed=0))
         assert trained["batches"]["topic"] > 0 and trained["batches"]["tags"] > 0
         kernels[weight] = {t.name: np.abs(_head_kernel(t) - before[t.name]).max() for t in tasks}
         kernels[weight]["encoder"] = np.abs(

@@ -334,8 +334,7 @@ def _candidates(task, model, split) -> dict:
     search = features.SpanSearch(split.examples, task.fc.n_best, task.fc.max_answer_length)
     for rows, x in task.batches(split, 8):
         out = predict_batch(model, x)
-        search.add(out["start_logits"], out["end_logits"], rows["example_index"],
-                   rows["span_start"], rows["span_end"], rows["max_context"])
+        search.add(out["start_logits"], out["end_logits"], rows)
     return search.candidates()
 
 

@@ -284,19 +284,22 @@ def word_features(words: list[str]) -> list[list[str]]:
     return out
 
 
-def crf_tagger(train, validation, test, score: Callable, seed: int, max_train: int,
-               algorithm: str, iterations: int) -> tuple:
+def crf_tagger(data, score: Callable, seed: int, fc) -> tuple:
     """(what was chosen, the test split's tags, its validation score): CRFsuite's
-    linear-chain model on `word_features`. `algorithm` "ap": trained by averaged perceptron
-    (Collins 2002), the number of passes picked on validation from iterations/2 and
-    iterations; "lbfgs": the probabilistic CRF, c2 (L2) picked from 0.01, 0.1, 1 at
-    `iterations` L-BFGS iterations. `score(gold, predicted)`: the task's selection metric."""
+    linear-chain model on `word_features`, trained on `data.train` (at most
+    finetune.baseline_max_train examples), chosen on `data.validation`, tagging `data.test`.
+    finetune.baseline_crf_algorithm "ap": trained by averaged perceptron (Collins 2002), the
+    number of passes picked on validation from iterations/2 and iterations; "lbfgs": the
+    probabilistic CRF, c2 (L2) picked from 0.01, 0.1, 1 at finetune.baseline_crf_iterations
+    L-BFGS iterations. `score(gold, predicted)`: the task's selection metric."""
     import tempfile
     from pathlib import Path
 
     import pycrfsuite
 
-    train = subsample(train, max_train, seed)
+    validation, test = data.validation, data.test
+    algorithm, iterations = fc.baseline_crf_algorithm, fc.baseline_crf_iterations
+    train = subsample(data.train, fc.baseline_max_train, seed)
     small = too_small(validation)
     if small:
         warn_small("token classification", small, "the CRF's settings")
@@ -392,12 +395,13 @@ def idf_of(contexts: list[str]) -> Callable[[str], float]:
     return lambda w: math.log(1 + n / df[w]) if w in df else unseen
 
 
-def window_span(question: str, context: str, idf: Callable, stop: frozenset,
-                max_len: int, window: int) -> tuple[str, float]:
-    """(answer text, score in [0, 1]): among the context's spans of 1..max_len words that
-    share no content word with the question, the one whose `window` words either side hold
-    the most idf-weighted question words (ties: the one nearest a question word); the score
-    is that sum over the question's total."""
+def window_span(example, idf: Callable, stop: frozenset, max_len: int,
+                window: int) -> tuple[str, float]:
+    """(answer text, score in [0, 1]) of a QAExample: among the context's spans of 1..max_len
+    words that share no content word with the question, the one whose `window` words either
+    side hold the most idf-weighted question words (ties: the one nearest a question word);
+    the score is that sum over the question's total."""
+    question, context = example.question, example.context
     q_words = {_norm(w) for w in _WORD.findall(question)} - stop - {""}
     total = sum(idf(w) for w in q_words)
     matches = list(_WORD.finditer(context))
@@ -439,7 +443,7 @@ def qa_window(train, validation, test, evaluate: Callable, version_2: bool) -> d
     idf = idf_of(sorted({e.context for e in train}))
 
     def predict(examples, max_len, window):
-        return {e.qid: window_span(e.question, e.context, idf, stop, max_len, window)
+        return {e.qid: window_span(e, idf, stop, max_len, window)
                 for e in examples}
 
     def answers(found, cut):

@@ -153,12 +153,6 @@ def split_by_group(examples: list, validation_fraction: float, test_fraction: fl
     return out["train"], out["validation"], out["test"], record
 
 
-def sha256_file(path) -> str:
-    from pipeline.artifacts import sha256_file as sha256
-
-    return sha256(Path(path))
-
-
 # ---------------------------------------------------------------------------
 # Loading a task from the config
 # ---------------------------------------------------------------------------
@@ -199,8 +193,9 @@ def load_task(fc, brown_tarball=None) -> TaskData:
     pair = pair or task.always_pair
     train = given["train"]
     validation, test = given.get("validation"), given.get("test")
-    splits: dict = {"files": {k: {"path": str(v), "sha256": sha256_file(v)} if Path(v).is_file()
-                              else {"path": str(v)} for k, v in files.items()}}
+    splits: dict = {"files": {k: {"path": str(v), "sha256": artifacts.sha256_file(Path(v))}
+                              if Path(v).is_file() else {"path": str(v)}
+                              for k, v in files.items()}}
     if validation is None or test is None:
         fractions = (0.0 if validation is not None else fc.validation_fraction,
                      0.0 if test is not None else fc.test_fraction)

@@ -27,9 +27,11 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
+from pipeline.finetuning import data as fd
 from pipeline.finetuning import runtime, tasks
 from pipeline.finetuning.callbacks import EpochEvaluator
-from pipeline.tracking import outbox
+from pipeline.finetuning.context import RunContext, TokenizerBundle
+from pipeline.tracking import outbox, runs
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +127,40 @@ def check_data(teacher: Teacher, data) -> None:
                            f"{teacher.dir} was trained?")
 
 
-def build_student(teacher, dc, num_labels: int, dropout: float):
-    """(the student classifier, its sizes, the teacher layers it starts from or None): a
-    smaller encoder (distill.student_preset / num_layers / hidden_dim / ...) with a
-    BertClassifier head; with equal widths it starts from the teacher's embeddings, pooler,
-    every other layer and classifier (distill.init_from_teacher)."""
+def prepare(config: Config) -> tuple[Teacher, RunContext]:
+    """(the teacher, read and checked; the student's run context): the student's config (the
+    teacher's finetune section with the distill hyperparameters: `student_finetune_config`),
+    the teacher's data, splits and tokenizer, the student's features (written once by the Beam
+    job, else reused) and its output folder <run_dir>/distill/<name>/."""
+    teacher = load_teacher(config)
+    name = output_name(config, teacher.dir)
+    fc = student_finetune_config(config, teacher.config.finetune, teacher.dir, name)
+    student_config = dataclasses.replace(config, finetune=fc)
+    keras.utils.set_random_seed(config.distill.seed)
+    data = fd.load_task(fc)
+    check_data(teacher, data)
+    tokenizer = TokenizerBundle.read(teacher.paths.vocab_file, teacher.info["lowercase"],
+                                     teacher.info["max_seq_length"])
+    ctx = RunContext(student_config, tokenizer, teacher.paths.model_keras,
+                     paths=Artifacts(config.run_dir).distill(name),
+                     task=tasks.get("classification", fc), data=data)
+    return teacher, ctx.with_features()
+
+
+@dataclasses.dataclass
+class Student:
+    """The student classifier, its sizes and the teacher layers it starts from (or None)."""
+    model: object
+    sizes: dict
+    copied: list | None
+
+
+def build_student(teacher, ctx: RunContext) -> Student:
+    """The student: a smaller encoder (distill.student_preset / num_layers / hidden_dim / ...)
+    with a BertClassifier head for the labels of `ctx.data`; with equal widths it starts from
+    the teacher's embeddings, pooler, every other layer and classifier
+    (distill.init_from_teacher)."""
+    dc = ctx.config.distill
     tb = teacher.backbone
     sizes = distill_lib.student_sizes(tb, dc.student_preset, num_layers=dc.num_layers,
                                       hidden_dim=dc.hidden_dim, num_heads=dc.num_heads,
@@ -147,10 +178,26 @@ def build_student(teacher, dc, num_labels: int, dropout: float):
                            f"or false")
     copied = (distill_lib.init_from_teacher(backbone, tb)
               if dc.init_from_teacher != "false" and can_copy else None)
-    student = heads.BertClassifier(backbone, num_labels, dropout=dropout)
+    student = heads.BertClassifier(backbone, len(ctx.data.labels), dropout=ctx.fc.dropout)
     if copied is not None:  # the teacher's classifier too, when the student starts from it
         student.output_dense.set_weights(teacher.output_dense.get_weights())
-    return student, sizes, copied
+    return Student(student, sizes, copied)
+
+
+def describe(teacher: Teacher, student: Student, dc, total_steps: int) -> None:
+    """The log line and MLflow params of the teacher and the student."""
+    tb, sizes, copied = teacher.model.backbone, student.sizes, student.copied
+    log.info(f"distill: teacher {teacher.dir} ({tb.num_layers} layers, hidden {tb.hidden_dim}, "
+             f"{teacher.model.count_params():,} parameters) -> student ({sizes['num_layers']} "
+             f"layers, hidden {sizes['hidden_dim']}, {student.model.count_params():,} parameters, "
+             + (f"initialised from teacher layers {copied}" if copied is not None
+                else "random init")
+             + f"); T={dc.temperature} alpha={dc.alpha} hidden={dc.hidden_loss}"
+             f"{'/' + dc.hidden_match if dc.hidden_loss != 'none' else ''}; {total_steps} steps")
+    runs.log_params({
+        "distill.teacher_dir": str(teacher.dir),
+        **{f"distill.student.{k}": v for k, v in sizes.items()},
+        "distill.initialised_from_layers": str(copied), "distill.total_steps": total_steps})
 
 
 # ---------------------------------------------------------------------------
@@ -234,27 +281,25 @@ class Distiller(keras.Model):
         return {tracker.name: tracker.result() for tracker in self.trackers}
 
 
-def checkpoints(config: Config, student_config: Config, data, teacher: Teacher,
-                name: str) -> runtime.Checkpoints:
+def checkpoints(ctx: RunContext) -> runtime.Checkpoints:
     """<run_dir>/distill/.checkpoints/<name>/, for the settings that shape the student's
     training: the distill section, the student's finetune section, the teacher's and vocab's
     digests and the splits."""
-    fc = student_config.finetune
-    settings = runtime.run_settings(student_config, data, teacher.paths.model_keras,
-                                    teacher.paths.vocab_file)
+    config, fc = ctx.config, ctx.fc
+    settings = runtime.run_settings(ctx)  # the teacher's model and vocab files
     settings["distill"] = {k: v for k, v in sorted(config_lib.to_dict(config)["distill"].items())
                            if k != "register_model"}
-    folder = Artifacts(config.run_dir).distill_root / ".checkpoints" / name
+    folder = Artifacts(config.run_dir).distill_root / ".checkpoints" / fc.name
     return runtime.Checkpoints(folder, settings, fc.keep_checkpoints, fc.checkpoint_every)
 
 
-def train_student(distiller: Distiller, student, splits: dict, data, fc, total_steps: int,
+def train_student(ctx: RunContext, distiller: Distiller, student, total_steps: int,
                   saved: runtime.Checkpoints | None = None) -> tuple[list[dict], int]:
     """`total_steps` updates over epochs of the training split (fine-tuning's `fit` path: the
     student's validation metric after every epoch, the best epoch kept); returns (the history,
     the kept epoch), an entry per epoch: {"epoch", "step", "loss", "soft_loss", "hard_loss", "hidden_loss",
     "val_<metric>", ...} (the losses: the epoch's means)."""
-    task = tasks.get("classification", fc)
+    task, splits, data, fc = ctx.task, ctx.splits, ctx.data, ctx.fc
 
     def evaluate_validation():
         return task.evaluate(student, splits["validation"], data)[0]
@@ -262,8 +307,8 @@ def train_student(distiller: Distiller, student, splits: dict, data, fc, total_s
     evaluator = EpochEvaluator(evaluate_validation, data.metric, to_mlflow=True, label="distill",
                                train_logs={k: f"train_{k}" for k in LOSSES[1:]})
     epochs = math.ceil(total_steps / runtime.updates_per_epoch(len(splits["train"]), fc))
-    runtime.fit_best_epoch(distiller, splits["train"], fc, total_steps, epochs, evaluator,
-                           saved)
+    runtime.fit_best_epoch(distiller, splits["train"],
+                           runtime.FitPlan(fc, total_steps, epochs, checkpoints=saved), evaluator)
     history = [{("loss" if k == "train_loss" else k.removeprefix("train_")): v
                 for k, v in entry.items()} for entry in evaluator.history]
     return history, evaluator.best_epoch
@@ -272,12 +317,13 @@ def train_student(distiller: Distiller, student, splits: dict, data, fc, total_s
 # ---------------------------------------------------------------------------
 # The summary
 # ---------------------------------------------------------------------------
-def compare(teacher: Teacher, student, splits: dict, data, results: dict, sizes: dict,
-            copied, dc, fc, total_steps: int) -> dict:
+def compare(ctx: RunContext, teacher: Teacher, built: Student, results: dict,
+            total_steps: int) -> dict:
     """Teacher and student on the same splits (the teacher's metrics into
     results["teacher"]) and the same inputs (examples/s); the summary distill.json holds,
     logged to the log and MLflow."""
-    task = tasks.get("classification", fc)
+    task, splits, data, fc, dc = ctx.task, ctx.splits, ctx.data, ctx.fc, ctx.config.distill
+    student, sizes, copied = built.model, built.sizes, built.copied
     teacher_results = {split: task.evaluate(teacher.model, splits[split], data)[0]
                        for split in ("validation", *data.tests)}
     results["teacher"] = teacher_results

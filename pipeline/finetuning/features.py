@@ -171,9 +171,11 @@ class SpanSearch:
         self.best: dict[int, tuple[float, str]] = {}
         self.null: dict[int, float] = {}
 
-    def add(self, start_logits, end_logits, example_index, span_start, span_end,
-            max_context) -> None:
-        """One batch of windows: logits (windows, seq) and their rows' bookkeeping."""
+    def add(self, start_logits, end_logits, rows: dict) -> None:
+        """One batch of windows: logits (windows, seq) and their rows' bookkeeping
+        ("example_index", "span_start", "span_end", "max_context")."""
+        example_index, span_start = rows["example_index"], rows["span_start"]
+        span_end, max_context = rows["span_end"], rows["max_context"]
         for f, ex_index in enumerate(np.asarray(example_index).reshape(-1).tolist()):
             s_logits, e_logits = start_logits[f], end_logits[f]
             spans_start, spans_end, maxc = span_start[f], span_end[f], max_context[f]
@@ -217,17 +219,20 @@ class SpanSearch:
         return predictions
 
 
-def qa_predictions(examples: list, features: dict, start_logits: np.ndarray,
-                   end_logits: np.ndarray, n_best: int = 20, max_answer_length: int = 30,
-                   version_2: bool = False, null_score_threshold: float = 0.0,
+def qa_predictions(examples: list, features: dict, logits: dict, settings: dict | None = None,
                    scores: dict | None = None) -> dict:
-    """{question id: answer text} by `SpanSearch` over all the windows of `qa_features`."""
-    search = SpanSearch(examples, n_best, max_answer_length)
+    """{question id: answer text} by `SpanSearch` over all the windows of `qa_features`, from
+    the model's "start_logits" and "end_logits" (`logits`). `settings` (task.json's keys):
+    n_best (20), max_answer_length (30), version_2 (false), null_score_threshold (0.0)."""
+    settings = settings or {}
+    search = SpanSearch(examples, settings.get("n_best", 20),
+                        settings.get("max_answer_length", 30))
     if len(features["example_index"]):
-        arrays = span_arrays(features)
-        search.add(start_logits, end_logits, features["example_index"], arrays["span_start"],
-                   arrays["span_end"], arrays["max_context"])
-    return search.answers(version_2, null_score_threshold, scores)
+        search.add(np.asarray(logits["start_logits"], np.float32),
+                   np.asarray(logits["end_logits"], np.float32),
+                   {"example_index": features["example_index"], **span_arrays(features)})
+    return search.answers(settings.get("version_2", False),
+                          settings.get("null_score_threshold", 0.0), scores)
 
 
 def python_tag(model, pre, texts, labels) -> list[dict]:
@@ -266,10 +271,7 @@ def python_answer(model, pre, questions, contexts, info: dict) -> list[dict]:
     out = model.predict({k: features[k] for k in ("token_ids", "segment_ids", "padding_mask")},
                         verbose=0)
     scores: dict = {}
-    answers = qa_predictions(examples, features, np.asarray(out["start_logits"], np.float32),
-                             np.asarray(out["end_logits"], np.float32), info["n_best"],
-                             info["max_answer_length"], info["version_2"],
-                             info["null_score_threshold"], scores=scores)
+    answers = qa_predictions(examples, features, out, info, scores=scores)
     rows = []
     for e in examples:
         text = answers[e.qid]

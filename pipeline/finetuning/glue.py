@@ -1,7 +1,8 @@
 """The GLUE benchmark around fine-tuning: which task folders a GLUE download holds, the
 leaderboard's entries and how its score averages them, the unlabelled test files, the
 submission files (`<TASK>.tsv`, `index` and `prediction`, the label names the leaderboard
-expects) and the results table. The glue stage (pipeline/stages/glue.py) runs the tasks.
+expects), a task fine-tuned per grid point (`fine_tune_task`) and the results table. The glue
+stage (pipeline/stages/glue.py) runs the tasks.
 
 Scores, as the benchmark defines them (Wang et al. 2019, GLUE; the leaderboard's columns):
 
@@ -25,9 +26,12 @@ F1 alone for MRPC and QQP, Spearman alone for STS-B, WNLI left out (BERT-Base: 7
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
+import os
+import platform
 import statistics
 import time
 from collections import Counter
@@ -36,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import artifacts
+from pipeline.config import Config
 from pipeline.finetuning import metrics
 from pipeline.finetuning.readers import (
     GLUE_TASKS,
@@ -44,6 +49,11 @@ from pipeline.finetuning.readers import (
     _read_text,
     read_glue,
 )
+
+from pipeline.finetuning.sweep import point_config
+from pipeline.finetuning.train import fine_tune
+from pipeline.tracking import outbox
+from pipeline.tracking import runs as tracking
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +311,92 @@ def majority_class(glue_dir, task: str) -> dict:
     return {"method": f"majority class ({label!r}) of train, as the BERT paper", "steps": 0,
             "entries": entries, "seconds": round(time.time() - started, 1),
             "train_seconds": 0.0, "predictions": predictions}
+
+
+# ---------------------------------------------------------------------------
+# One task fine-tuned (the glue stage's step 2-3)
+# ---------------------------------------------------------------------------
+def fine_tune_task(config: Config, task: str, points: list) -> dict:
+    """One fine-tuning per point (nested runs when several); the best by dev score predicts
+    the test files. Returns the task's record."""
+    started, trials = time.time(), []
+    for i, point in enumerate(points, start=1):
+        name = f"glue_{task}" + (f"_p{i}" if len(points) > 1 else "")
+        task_config = point_config(  # the task's finetune section, validated as the CLI would
+            config, point, f"glue task {task}", dataset="glue", glue_task=task, name=name,
+            labels=[], baselines=point.get("baselines", config.finetune.baselines),
+            task="regression" if GLUE_TASKS[task]["labels"] is None else "classification")
+        label = " ".join(f"{k}={v}" for k, v in point.items())
+        with (tracking.nested_run(f"glue {task} {i}: {label}", {"pipeline.stage": "glue-point"})
+              if len(points) > 1 else contextlib.nullcontext()):
+            outbox.log_params({f"finetune.{k}": v for k, v in point.items()})
+            result = fine_tune(task_config, write_outputs=True)
+        entries = dev_entries(task, result)
+        trials.append({"point": point, "model_dir": result["output_dir"], "entries": entries,
+                       "score": task_scores(entries)[task],
+                       "steps": result["history"][-1]["step"] if result["history"] else 0,
+                       "train_seconds": result["train_seconds"]})
+        log.info(f"glue: {task} {label or ''} dev score {trials[-1]['score']:.4f}")
+    best = max(trials, key=lambda t: t["score"])
+    if len(trials) > 1:
+        log.info(f"glue: {task}: keeping {best['model_dir']} (dev score {best['score']:.4f})")
+    predictions, predict = {}, None
+    for sub, path in test_files(config.finetune.glue_dir, task).items():
+        indices, examples = read_test(path, "mnli" if sub == "AX.tsv" else task)
+        predict = predict or predictor(best["model_dir"], task)
+        predictions[sub] = (indices, predict(examples))
+        log.info(f"glue: {task}: predicted {len(examples):,} rows of {path} -> {sub}")
+    method = "fine-tuned" + (f", best of {len(trials)} by dev score" if len(trials) > 1 else "")
+    return {"method": method, **{k: best[k] for k in ("point", "model_dir", "entries",
+                                                      "steps", "train_seconds")},
+            "trials": [{k: t[k] for k in ("point", "model_dir", "score")} for t in trials],
+            "seconds": round(time.time() - started, 1), "predictions": predictions}
+
+
+def earlier_records(run_dir, init_from: str, chosen: list) -> dict:
+    """Records of an earlier glue run on the same encoder for tasks not run now."""
+    try:
+        old = json.loads((output_dir(run_dir) / "results.json").read_text())["tasks"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    kept = {t: {**r, "earlier": True} for t, r in old.items()
+            if t not in chosen and r.get("init_from") == init_from}
+    if kept:
+        log.info(f"glue: keeping the results of an earlier run for {', '.join(kept)} "
+                 f"(same encoder)")
+    return kept
+
+
+def machine() -> str:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        cpu = next((line.split(":", 1)[1].strip() for line in
+                    Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    return f"{cpu or platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def log_results(out: Path) -> dict:
+    """The results of <run_dir>/glue/ (`out`) to the log and the stage's MLflow run; returns
+    results.json."""
+    results = json.loads((out / "results.json").read_text())
+    for line in table(results["tasks"]):
+        log.info(f"glue: {line}")
+    log.info(f"glue: wrote {out}/results.md and {out}/submission/ "
+             f"(zip its files for the GLUE server)")
+    score, paper = results["glue_score"], results["bert_paper_average"]
+    outbox.log_metrics({
+        **{f"dev_{name.lower()}_{m}": v for r in results["tasks"].values()
+           for name, values in r["entries"].items() for m, v in values.items()},
+        **({"glue_score_dev": score["score"]} if score["score"] is not None else {}),
+        **({"bert_paper_average_dev": paper["score"]} if paper["score"] is not None else {})})
+    outbox.set_tags({"glue.tasks": ",".join(results["tasks"]),
+                     "glue.complete": str(score["complete"]).lower()})
+    for name in ("results.md", "results.json"):
+        outbox.log_artifact(out / name, "glue")
+    for path in sorted((out / "submission").iterdir()):
+        outbox.log_artifact(path, "glue/submission")
+    return results
 
 
 # ---------------------------------------------------------------------------

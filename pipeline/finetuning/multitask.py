@@ -22,11 +22,11 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
-from models import preprocessor
 from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
 from pipeline.finetuning.callbacks import EpochEvaluator
-from pipeline.finetuning.tasks.base import Split
+from pipeline.finetuning.context import RunContext, TokenizerBundle
+from pipeline.finetuning.task_model import FinetuneError
 from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox, runs
 
@@ -72,20 +72,6 @@ def task_schedule(ratios, seed: int):
                                                 seed=seed, stop_on_empty_dataset=False)
 
 
-def task_batches(split, batch_size: int, seed: int):
-    """An endless, reshuffled stream of full (x, y[, sample_weight]) batches of one task: a
-    Split in memory, or its TFRecords streamed (records.RecordSplit)."""
-    import tensorflow as tf
-
-    if not isinstance(split, Split):
-        return split.dataset(batch_size, records.SHUFFLE_BUFFER, seed)
-    n = len(split)
-    parts = (split.x, split.y) + ((split.sample_weight,) if split.sample_weight else ())
-    ds = tf.data.Dataset.from_tensor_slices(parts)
-    ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
-    return ds.batch(batch_size, drop_remainder=True).prefetch(2)
-
-
 def _seed(seed, *more) -> int:
     return int(np.random.default_rng([*np.atleast_1d(seed).tolist(), *more]).integers(1 << 31))
 
@@ -111,7 +97,8 @@ class TaskMix:
     def epoch_dataset(self, batch_size: int, seed, batches: int | None = None, skip: int = 0):
         import tensorflow as tf
 
-        streams = [task_batches(split, batch_size, _seed(seed, i))
+        # Each task's records: endless, reshuffled (x, y[, sample_weight]) batches.
+        streams = [split.dataset(batch_size, records.SHUFFLE_BUFFER, _seed(seed, i))
                    for i, split in enumerate(self.splits)]
         empty = [tf.nest.map_structure(
             lambda spec: tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype),
@@ -182,13 +169,15 @@ class MultitaskModel(keras.Model):
         return {tracker.name: tracker.result() for tracker in self.trackers}
 
 
-def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
-                label: str = "multitask", saved=None, to_mlflow: bool = True) -> dict:
-    """`steps` optimizer updates through fine-tuning's `fit` path (`runtime.fit_best_epoch`:
-    progress lines, checkpoints when `saved` is given, the mean of the tasks' validation
-    metrics after every epoch, the best epoch kept), each update on one batch of the task the
-    schedule draws. Returns {"batches": {task: count}, "train_loss": {task: the last epoch's
-    mean loss}, "best_epoch", "history"}."""
+def train_mixed(tasks: list[Task], steps: int, run_fc, label: str = "multitask",
+                saved=None) -> dict:
+    """`steps` optimizer updates of `run_fc.batch_size` examples (seeded by `run_fc.seed`)
+    through fine-tuning's `fit` path (`runtime.fit_best_epoch`: progress lines, checkpoints
+    when `saved` is given, the mean of the tasks' validation metrics after every epoch, the
+    best epoch kept), each update on one batch of the task the schedule draws. Returns
+    {"batches": {task: count}, "train_loss": {task: the last epoch's mean loss},
+    "best_epoch", "history"}."""
+    batch_size, seed = run_fc.batch_size, run_fc.seed
     fc = dataclasses.replace(tasks[0].spec.finetune, batch_size=batch_size, seed=seed,
                              grad_accum_steps=1)
     names = [t.name for t in tasks]
@@ -198,7 +187,7 @@ def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
                   **{**runtime.compile_options(fc), "jit_compile": False})
     for i, task in enumerate(tasks):  # each compiled loss built outside the routed step
         x, y, weights = keras.utils.unpack_x_y_sample_weight(
-            next(iter(task_batches(task.splits["train"], 2, seed))))
+            next(iter(task.splits["train"].dataset(2, records.SHUFFLE_BUFFER, seed))))
         task.model.compute_loss(x=x, y=y, y_pred=task.model(x, training=False),
                                 sample_weight=weights, training=False)
     mix = TaskMix([t.splits["train"] for t in tasks], [t.spec.sampling_ratio for t in tasks],
@@ -210,11 +199,12 @@ def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
             for t in tasks}
         return {"mean_task_metric": float(np.mean(list(scores.values()))), **scores}
 
-    evaluator = EpochEvaluator(evaluate_validation, "mean_task_metric", to_mlflow=to_mlflow,
+    evaluator = EpochEvaluator(evaluate_validation, "mean_task_metric", to_mlflow=True,
                                label=label,
                                train_logs={f"{n}.loss": f"{n}.train_loss" for n in names})
     epochs = math.ceil(steps / mix.batches_per_epoch())
-    runtime.fit_best_epoch(model, mix, fc, steps, epochs, evaluator, saved, keep_best=False)
+    runtime.fit_best_epoch(model, mix, runtime.FitPlan(fc, steps, epochs, checkpoints=saved),
+                           evaluator, keep_best=False)
     counts = keras.ops.convert_to_numpy(model.batch_counts)
     last = evaluator.history[-1] if evaluator.history else {}
     runtime.keep_best_epoch(model, evaluator)
@@ -223,29 +213,32 @@ def train_mixed(tasks: list[Task], steps: int, batch_size: int, seed: int,
             "best_epoch": evaluator.best_epoch, "history": evaluator.history}
 
 
-def checkpoints(config: Config, tasks: list[Task], model_path, vocab_path,
-                name: str) -> runtime.Checkpoints:
+def checkpoints(ctx: RunContext, tasks: list[Task], name: str) -> runtime.Checkpoints:
     """<run_dir>/multitask/.checkpoints/<multitask.name>/<name>/ (name: "mixed", or a
     task's for its single-task baseline), for the settings that shape training: the multitask
     and finetune sections, the encoder's and vocab's digests, every task's splits."""
-    fc = config.finetune
-    sections = config_lib.to_dict(config)
-    settings = {"multitask": sections["multitask"],
-                "finetune": {k: v for k, v in sorted(sections["finetune"].items())
-                             if k not in runtime.NOT_SHAPING},
-                "init_model_sha256": artifacts.sha256_file(model_path),
-                "vocab_sha256": artifacts.sha256_file(vocab_path),
-                "splits": json.loads(json.dumps({t.name: t.data.splits for t in tasks},
-                                                default=str))}
-    folder = (artifacts.Artifacts(config.run_dir).multitask(config.multitask.name).dir.parent
-              / ".checkpoints" / config.multitask.name / name)
+    config, fc = ctx.config, ctx.fc
+    settings = {**runtime.run_settings(ctx, {t.name: t.data.splits for t in tasks}),
+                "multitask": config_lib.to_dict(config)["multitask"]}
+    folder = ctx.paths.dir.parent / ".checkpoints" / config.multitask.name / name
     return runtime.Checkpoints(folder, settings, fc.keep_checkpoints, fc.checkpoint_every)
 
 
 # ---------------------------------------------------------------------------
 # Building the models
 # ---------------------------------------------------------------------------
-def load_tasks(config: Config, vocab: list, vocab_path, lowercase: bool) -> list[Task]:
+def context(config: Config) -> RunContext:
+    """The run's context: the shared encoder's file and tokenizer, the strategy of train.*,
+    the output folder <run_dir>/multitask/<name>/ (each `Task` has its own data and splits)."""
+    if not config.multitask.tasks:
+        raise FinetuneError("multitask.tasks is empty; list the tasks, e.g. [{name: genre, "
+                            "dataset: brown_genre}, {name: pos, task: token_classification, "
+                            "dataset: brown_pos}] (see configs/multitask_brown.yaml)")
+    return RunContext.shared(config, artifacts.Artifacts(config.run_dir).multitask(
+        config.multitask.name))
+
+
+def load_tasks(config: Config, tokenizer: TokenizerBundle) -> list[Task]:
     """Data and features of every task: the finetune stage's readers, and its features written
     once by the Beam job and streamed (pipeline/finetuning/records.py)."""
     out = []
@@ -253,8 +246,7 @@ def load_tasks(config: Config, vocab: list, vocab_path, lowercase: bool) -> list
         fc = spec.finetune
         data = fd.load_task(fc)
         splits = records.write_or_reuse(dataclasses.replace(config, finetune=fc),
-                                        task_registry.get(fc.task, fc), data, vocab, vocab_path,
-                                        lowercase)
+                                        task_registry.get(fc.task, fc), data, tokenizer)
         counts = data.splits["counts"]
         log.info(f"multitask: task {spec.name}: {fc.task} on {fc.dataset}: "
                  f"{counts['train']:,} train / {counts['validation']:,} validation / "
@@ -316,17 +308,17 @@ def log_task_metrics(results: dict) -> None:
     outbox.log_metrics(flat)
 
 
-def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int, strategy,
+def single_task_baseline(ctx: RunContext, tasks: list[Task], task: Task, steps: int,
                          saved=None) -> dict:
-    """`task` alone, from a fresh copy of the same encoder, for the same steps, as a nested run
-    (`saved`: its checkpoints)."""
+    """`task` (one of `tasks`) alone, from a fresh copy of the same encoder, for the same
+    steps, as a nested run (`saved`: its checkpoints)."""
 
-    fc = config.finetune
+    fc = ctx.fc
     keras.utils.set_random_seed(fc.seed)
-    backbone = fresh_backbone()
+    backbone = ctx.load_encoder(max(t.spec.finetune.max_seq_length for t in tasks))
     alone = Task(dataclasses.replace(task.spec, weight=1.0, sampling_ratio=1.0), task.data,
                  task.splits)
-    with strategy.scope():
+    with ctx.strategy.scope():
         build_models([alone], backbone, fc, steps)
     with runs.nested_run(f"single-task: {task.name}",
                          tags={"pipeline.stage": "multitask-single-task",
@@ -337,8 +329,7 @@ def single_task_baseline(config: Config, task: Task, fresh_backbone, steps: int,
                 "finetune.learning_rate": fc.learning_rate,
                 "finetune.batch_size": fc.batch_size, "finetune.seed": fc.seed})
         log.info(f"multitask: single-task baseline {task.name}: {steps} steps")
-        train_mixed([alone], steps, fc.batch_size, fc.seed, label=f"single {task.name}",
-                    saved=saved)
+        train_mixed([alone], steps, fc, label=f"single {task.name}", saved=saved)
         result = evaluate_tasks([alone])[task.name]
         if child is not None:
             log_task_metrics({task.name: result})
@@ -371,8 +362,11 @@ def comparison_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_path) -> None:
-    """<run_dir>/multitask/<name>/ written whole, then its files logged to MLflow."""
+def write_and_log(ctx: RunContext, tasks: list[Task], results: dict) -> None:
+    """<run_dir>/multitask/<name>/ (`ctx.paths`) written whole, then its files logged to
+    MLflow."""
+    config, paths, tokenizer = ctx.config, ctx.paths, ctx.tokenizer
+    lowercase = tokenizer.lowercase
     with artifacts.atomic_dir(paths.dir) as tmp:
         out = artifacts.MultitaskArtifacts(tmp)
         for task in tasks:
@@ -380,19 +374,17 @@ def write_and_log(config, paths, tasks, results, vocab_path, lowercase, model_pa
             folder = out.task(task.name)
             folder.dir.mkdir(parents=True)
             task.model.save(str(folder.model_keras))
-            vocab_lib.write_beside_model(vocab_path, lowercase, folder.dir)
+            vocab_lib.write_beside_model(tokenizer.vocab_path, lowercase, folder.dir)
             task_config = dataclasses.replace(config, finetune=fc)
-            info = outputs.task_info(task_config, task.data, lowercase, model_path)
+            info = outputs.task_info(task_config, task.data, lowercase, ctx.model_path)
             info["multitask"] = config.multitask.name
             folder.task_json.write_text(json.dumps(info, indent=2))
             folder.splits.write_text(json.dumps(task.data.splits, indent=2))
             folder.metrics.write_text(json.dumps(results["multitask"][task.name], indent=2,
                                                  default=float))
             if task.task.serving:  # `make predict` serves it as a finetune folder
-                pre = preprocessor.TextPreprocessor(vocab_lib.read_vocab(vocab_path), lowercase,
-                                                    fc.max_seq_length)
-                task.task.export(task.model, pre, folder.saved_model, task.data.labels,
-                                 info["pair"], info)
+                own = dataclasses.replace(tokenizer, max_seq_length=fc.max_seq_length)
+                task.task.export(task.model, own.preprocessor, folder.saved_model, info)
         out.metrics.write_text(json.dumps(results, indent=2, default=float))
         out.config.write_text(config_lib.dump_yaml(config))
         if "comparison" in results:

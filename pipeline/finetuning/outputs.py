@@ -14,7 +14,7 @@ from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import readers, tasks
-from pipeline.finetuning.task_model import output_name, resolve_init
+from pipeline.finetuning.task_model import output_name
 from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox
 
@@ -78,26 +78,27 @@ def task_info(config: Config, data: readers.TaskData, lowercase: bool, model_pat
             "max_windows": fc.max_windows}
 
 
-def write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
-                  lowercase) -> None:
-    """Writes <run_dir>/finetune/<name>/ whole, then logs it to MLflow and registers the model."""
+def write_and_log(ctx, encoder, results: dict, predictions: dict) -> None:
+    """Writes the run's output folder (`ctx.paths`, context.RunContext) whole, then logs it to
+    MLflow and registers the model."""
     from pipeline.serving import mlflow_model
 
+    config, paths, data, task, tokenizer = ctx.config, ctx.paths, ctx.data, ctx.task, ctx.tokenizer
     fc = config.finetune
-    task = tasks.get(fc.task, fc)
     task.keep(results["validation"])  # what validation chose for these weights (QA's threshold)
     exported = task.serving and fc.export
-    info = task_info(config, data, lowercase, resolve_init(config)[0])
+    info = task_info(config, data, tokenizer.lowercase, ctx.model_path)
     with artifacts.atomic_dir(paths.dir) as tmp:
         out = artifacts.FinetuneArtifacts(tmp)
         encoder.save(str(out.model_keras))
-        vocab_lib.write_beside_model(vocab_path, lowercase, tmp)  # vocab.txt, vocab.json
+        vocab_lib.write_beside_model(tokenizer.vocab_path, tokenizer.lowercase, tmp)  # + .json
         out.task_json.write_text(json.dumps(info, indent=2))
         out.splits.write_text(json.dumps(data.splits, indent=2))
         out.config.write_text(config_lib.dump_yaml(config))
         if exported:  # the raw-text SavedModel, checked against the in-memory model
-            task.export(encoder, pre, out.saved_model, data.labels, info["pair"], info)
-            results.update(task.check_export(out.saved_model, encoder, pre, data, info))
+            task.export(encoder, tokenizer.preprocessor, out.saved_model, info)
+            results.update(task.check_export(out.saved_model, encoder, tokenizer.preprocessor,
+                                             data, info))
         task.test_artifacts(results, predictions, data, out, output_name(fc))
         out.metrics.write_text(json.dumps(results, indent=2, default=float))
         _write_predictions(out.test_predictions, task, data, predictions["test"])

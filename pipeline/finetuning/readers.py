@@ -101,11 +101,12 @@ def table_format(path) -> str:
     return {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}.get(suffix, "")
 
 
-def read_table(path, text_column="text", text_pair_column="", label_column="label",
-               fmt: str = "", regression: bool = False, require_label: bool = True) -> list:
+def read_table(path, columns: tuple = ("text", "", "label"), fmt: str = "",
+               regression: bool = False, require_label: bool = True) -> list:
     """CSV (header row), TSV (header row) or JSONL (one object per line) → TextExamples.
 
-    Columns are named by the header / JSON keys. `label_column` may be empty for unlabelled
+    `columns`: (text_column, text_pair_column, label_column), named by the header / JSON
+    keys (finetune.text_column, ...). `label_column` may be empty for unlabelled
     data (prediction). Rows are kept in file order; blank lines are skipped, and an example's
     `source` is "file:line" with the line its row starts on (quoted fields may span lines).
 
@@ -115,6 +116,7 @@ def read_table(path, text_column="text", text_pair_column="", label_column="labe
     empty second text of a pair (`text_pair_column`), a file without data rows.
     """
     path = Path(path)
+    text_column, text_pair_column, label_column = columns
     if text_pair_column and text_pair_column == text_column:
         raise FinetuneDataError(
             f"{path}:1: finetune.text_pair_column = text_column = {text_column!r}, so each pair "

@@ -57,9 +57,9 @@ def choose(config: Config) -> Choice:
                     f"epochs on, so the config's learning_rate {fc.learning_rate:g} and epochs "
                     f"{fc.epochs} are used; give a larger validation split "
                     f"(finetune.validation_file or finetune.validation_fraction)")
-        return _chosen(config, fc.learning_rate, fc.epochs, [], None, data.metric, started,
-                       budget, fallback=f"a validation split of {len(data.validation)} "
-                                        f"example(s), fewer than {MIN_VALIDATION}")
+        return _chosen(config, Search(data.metric, started, []), fc.learning_rate, fc.epochs,
+                       fallback=f"a validation split of {len(data.validation)} example(s), "
+                                f"fewer than {MIN_VALIDATION}")
 
     log.info(f"finetune: recipe auto: trying learning rates "
              f"{', '.join(f'{r:g}' for r in rates)} for up to {fc.epochs} epoch(s) each on the "
@@ -101,20 +101,31 @@ def choose(config: Config) -> Choice:
                     f"{search_budget:.0f} s of finetune.max_seconds = {budget:g}, so the config's "
                     f"learning_rate {fc.learning_rate:g} and epochs {fc.epochs} are used; raise "
                     f"finetune.max_seconds or finetune.recipe_search_fraction")
-        return _chosen(config, fc.learning_rate, fc.epochs, points, None, data.metric, started,
-                       budget, fallback="no point started within the search's budget")
+        return _chosen(config, Search(data.metric, started, points), fc.learning_rate, fc.epochs,
+                       fallback="no point started within the search's budget")
     key = f"validation_{data.metric}"
     best = max(tried, key=lambda p: p[key])  # ties: the earlier point
-    return _chosen(config, best["learning_rate"], best["best_epoch"], points, best, data.metric,
-                   started, budget)
+    return _chosen(config, Search(data.metric, started, points, best), best["learning_rate"],
+                   best["best_epoch"])
 
 
-def _chosen(config: Config, rate: float, epochs: int, points: list, best: dict | None,
-            metric: str, started: float, budget: float, fallback: str = "") -> Choice:
+@dataclasses.dataclass
+class Search:
+    """What the search did: the validation `metric`, when it `started` (time.time()), the
+    `points` tried (or skipped) and the `best` of them (None: none chosen)."""
+    metric: str
+    started: float
+    points: list
+    best: dict | None = None
+
+
+def _chosen(config: Config, search: Search, rate: float, epochs: int,
+            fallback: str = "") -> Choice:
     """The final run's config (learning_rate, epochs, recipe fixed, max_seconds: the rest of
     the budget, at least its share) and the report, logged."""
     fc = config.finetune
-    seconds = time.time() - started
+    budget, metric, points, best = fc.max_seconds, search.metric, search.points, search.best
+    seconds = time.time() - search.started
     rest = max(budget - seconds, budget * (1 - fc.recipe_search_fraction)) if budget else 0.0
     tried = [p for p in points if "best_epoch" in p]
     skipped = len(points) - len(tried)

@@ -57,9 +57,9 @@ class RowEncoder:
     """Examples -> feature rows of one task: its `make_split` on the pure-Python
     preprocessor (pipeline/text/packing.py), then its `rows`, as {key: (kind, values)}."""
 
-    def __init__(self, task_name: str, fc, vocab: list[str], lowercase: bool, labels, pair: bool):
-        self.task_name, self.fc = task_name, fc
-        self.vocab, self.lowercase = list(vocab), lowercase
+    def __init__(self, task_name: str, fc, tokenizer, labels, pair: bool):
+        self.task_name, self.fc = task_name, fc  # tokenizer: its vocab and casing travel
+        self.vocab, self.lowercase = list(tokenizer.vocab), tokenizer.lowercase
         self.labels, self.pair = labels, pair
         self._task = self._pre = None
 
@@ -119,8 +119,9 @@ def feature_settings(fc, labels, pair: bool) -> dict:
     return {**{k: getattr(fc, k) for k in keys}, "labels": labels, "pair": pair}
 
 
-def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool) -> dict:
-    """{split: RecordSplit} of every split of `data`: the features folder of this key,
+def write_or_reuse(config, task, data, tokenizer) -> dict:
+    """{split: RecordSplit} of every split of `data`, tokenized by `tokenizer`
+    (context.TokenizerBundle): the features folder of this key,
     written now by the Beam job if there is none (or its checksums fail), else reused. The
     job runs with the data stage's runner options (data.beam_args; data.workers processes
     on a direct runner, by the examples' size); while its workers run on this machine
@@ -131,6 +132,7 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool)
     from pipeline.config import data_job
 
     fc = config.finetune
+    vocab_path, lowercase = tokenizer.vocab_path, tokenizer.lowercase
     paths = artifacts.Artifacts(config.run_dir)
     splits = {"train": data.train, "validation": data.validation, **data.tests}
     staging = paths.root / "finetune_features" / f".examples-{os.getpid()}"
@@ -149,7 +151,7 @@ def write_or_reuse(config, task, data, vocab, vocab_path: Path, lowercase: bool)
             log.info(f"finetune: reusing the features in {folder} (same task settings, vocab and "
                      f"examples)")
             return open_splits(folder, task, splits)
-        encoder = RowEncoder(task.name, fc, vocab, lowercase, data.labels, data.pair)
+        encoder = RowEncoder(task.name, fc, tokenizer, data.labels, data.pair)
         size = sum(p.stat().st_size for p in files.values())
         beam_args = data_job.beam_args(config, size)
         with artifacts.atomic_dir(folder) as tmp:
@@ -197,9 +199,8 @@ def shards(examples: int) -> int:
 
 def open_splits(folder: Path, task, splits: dict) -> dict:
     spec = json.loads((folder / SPEC).read_text())
-    return {name: RecordSplit(task, sorted(folder.glob(f"{name}-*.tfrecord")), spec["rows"],
-                              spec["inputs"], examples, spec["counts"][name]["rows"])
-            for name, examples in splits.items()}
+    return {name: RecordSplit(task, sorted(folder.glob(f"{name}-*.tfrecord")), spec, name,
+                              examples) for name, examples in splits.items()}
 
 
 # ---------------------------------------------------------------------------
@@ -207,11 +208,13 @@ def open_splits(folder: Path, task, splits: dict) -> dict:
 # ---------------------------------------------------------------------------
 class RecordSplit:
     """One split's records: `dataset` for `fit`, `batches` for evaluation; `examples` are
-    the split's raw examples (what predictions are mapped back to)."""
+    the split's raw examples (what predictions are mapped back to). `spec`: the folder's
+    spec.json (the rows' keys and shapes, the model inputs, every split's row count)."""
 
-    def __init__(self, task, files: list, spec: dict, inputs: list, examples: list, rows: int):
-        self.task, self.files, self.spec = task, [str(f) for f in files], spec
-        self.inputs, self.examples, self.rows = tuple(inputs), examples, rows
+    def __init__(self, task, files: list, spec: dict, name: str, examples: list):
+        self.task, self.files, self.spec = task, [str(f) for f in files], spec["rows"]
+        self.inputs, self.examples = tuple(spec["inputs"]), examples
+        self.rows = spec["counts"][name]["rows"]
 
     def __len__(self) -> int:
         return self.rows
@@ -237,16 +240,19 @@ class RecordSplit:
         parsed = tf.io.parse_example(serialized, features)
         return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
 
-    def dataset(self, batch_size: int, shuffle_buffer: int, seed: int):
-        """Endless shuffled training batches of (x, y[, sample_weight]) for Keras."""
+    def _model_io(self, batches):
+        """Batches of serialized records -> (x, y[, sample_weight]) batches for Keras."""
         import tensorflow as tf
 
-        return (self._records(shuffle_buffer, seed, repeat=True)
-                .batch(batch_size, drop_remainder=False)
-                .map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
+        return (batches.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
                 .map(lambda rows: self.task.model_io(rows, self.inputs),
                      num_parallel_calls=tf.data.AUTOTUNE)
                 .prefetch(tf.data.AUTOTUNE))
+
+    def dataset(self, batch_size: int, shuffle_buffer: int, seed: int):
+        """Endless shuffled training batches of (x, y[, sample_weight]) for Keras."""
+        return self._model_io(self._records(shuffle_buffer, seed, repeat=True)
+                              .batch(batch_size, drop_remainder=False))
 
     def epoch_dataset(self, batch_size: int, seed, batches: int | None = None, skip: int = 0,
                       shuffle_buffer: int = SHUFFLE_BUFFER):
@@ -264,11 +270,7 @@ class RecordSplit:
             data = records.batch(batch_size)
             batches = -(-self.rows // batch_size)
         known = tf.data.experimental.assert_cardinality(max(0, batches - skip))
-        return (data.skip(skip).apply(known)
-                .map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
-                .map(lambda rows: self.task.model_io(rows, self.inputs),
-                     num_parallel_calls=tf.data.AUTOTUNE)
-                .prefetch(tf.data.AUTOTUNE))
+        return self._model_io(data.skip(skip).apply(known))
 
     def batches(self, batch_size: int):
         """(rows, model inputs) numpy batches, every record once, in file order."""

@@ -31,6 +31,7 @@ aside (`set_aside`, as pretraining's --force) and training starts over.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -190,17 +191,18 @@ NOT_SHAPING = frozenset({"jit_compile", "steps_per_execution", "checkpoint_every
                          "recipe", "recipe_learning_rates", "recipe_search_fraction"})
 
 
-def run_settings(config, data, model_path: Path, vocab_path: Path) -> dict:
-    """What a fine-tuning's checkpoints belong to: every finetune.* key that shapes training,
-    the sha256 of the encoder and vocab files it starts from, and the splits (splits.json:
-    seeds, counts, the data's digests)."""
+def run_settings(ctx, splits: dict | None = None) -> dict:
+    """What the checkpoints of the run of `ctx` (context.RunContext) belong to: every
+    finetune.* key that shapes training, the sha256 of the encoder and vocab files it starts
+    from, and the splits (`splits`, default the data's splits.json: seeds, counts, digests)."""
     from pipeline.config import to_dict
 
-    fc = to_dict(config)["finetune"]
+    fc = to_dict(ctx.config)["finetune"]
+    splits = ctx.data.splits if splits is None else splits
     return {"finetune": {k: v for k, v in sorted(fc.items()) if k not in NOT_SHAPING},
-            "init_model_sha256": artifacts.sha256_file(model_path),
-            "vocab_sha256": artifacts.sha256_file(vocab_path),
-            "splits": json.loads(json.dumps(data.splits, default=str))}
+            "init_model_sha256": artifacts.sha256_file(ctx.model_path),
+            "vocab_sha256": artifacts.sha256_file(ctx.tokenizer.vocab_path),
+            "splits": json.loads(json.dumps(splits, default=str))}
 
 
 class Checkpoints:
@@ -216,15 +218,17 @@ class Checkpoints:
         self.keep, self.every, self.write = max(1, keep), every, write
 
     @classmethod
-    def for_run(cls, config, data, model_path: Path, vocab_path: Path, name: str):
+    def for_run(cls, ctx):
+        """The finetune stage's, <run_dir>/finetune/.checkpoints/<name>/, for the settings of
+        the run of `ctx` (`run_settings`); written by the chief of a multi-worker cluster."""
         from pipeline.artifacts import Artifacts
+        from pipeline.finetuning.task_model import output_name
         from pipeline.training import strategy as strategy_lib
 
-        fc = config.finetune
+        config, fc = ctx.config, ctx.fc
         write = config.train.strategy != "multi_worker" or strategy_lib.is_chief()
-        return cls(Artifacts(config.run_dir).finetune_checkpoints(name),
-                   run_settings(config, data, model_path, vocab_path),
-                   fc.keep_checkpoints, fc.checkpoint_every, write)
+        return cls(Artifacts(config.run_dir).finetune_checkpoints(output_name(fc)),
+                   run_settings(ctx), fc.keep_checkpoints, fc.checkpoint_every, write)
 
     def found(self) -> list[tuple[int, Path]]:
         """[(step, folder)] of the complete checkpoints, oldest first."""
@@ -385,13 +389,26 @@ def _take(arrays: dict | None, order: np.ndarray):
     return None if arrays is None else {k: np.asarray(v)[order] for k, v in arrays.items()}
 
 
-def fit(model, split, fc, total_steps: int, epochs: int, evaluator, callbacks: list,
-        checkpoints: Checkpoints | None = None) -> int:
-    """Trains `model` (compiled) on `split` for `epochs` epochs of `updates_per_epoch` updates,
-    at most `total_steps`; `callbacks` (StopAt, the `evaluator`, progress) see every epoch.
-    With `checkpoints`: resumes from the latest and writes them (`_Saver`). One `model.fit` per
-    epoch, on the examples in `epoch_order` (a resumed epoch without the updates already done).
-    Returns the step it started from."""
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+    """What one training trains for: the finetune section's knobs (`fc`), `total_steps`
+    updates over `epochs` epochs, at most `max_seconds` of training (0: no limit), and the
+    `checkpoints` it resumes from and writes (None: none)."""
+    fc: object
+    total_steps: int
+    epochs: int
+    max_seconds: float = 0.0
+    checkpoints: Checkpoints | None = None
+
+
+def fit(model, split, plan: FitPlan, evaluator, callbacks: list) -> int:
+    """Trains `model` (compiled) on `split` for `plan.epochs` epochs of `updates_per_epoch`
+    updates, at most `plan.total_steps`; `callbacks` (StopAt, the `evaluator`, progress) see
+    every epoch. With `plan.checkpoints`: resumes from the latest and writes them (`_Saver`).
+    One `model.fit` per epoch, on the examples in `epoch_order` (a resumed epoch without the
+    updates already done). Returns the step it started from."""
+    fc, total_steps, epochs = plan.fc, plan.total_steps, plan.epochs
+    checkpoints = plan.checkpoints
     n = len(split)  # a Split in memory, or a stream (records.RecordSplit, multitask.TaskMix)
     per_epoch = updates_per_epoch(n, fc)
     start, running = 0, None
@@ -431,29 +448,27 @@ def fit(model, split, fc, total_steps: int, epochs: int, evaluator, callbacks: l
     return start
 
 
-def fit_best_epoch(model, train, fc, total_steps: int, epochs: int, evaluator,
-                   checkpoints: Checkpoints | None = None, max_seconds: float = 0.0,
-                   keep_best: bool = True):
+def fit_best_epoch(model, train, plan: FitPlan, evaluator, keep_best: bool = True):
     """`fit` with `evaluator` (an EpochEvaluator: the validation metric after every epoch, the
     best epoch's weights kept), a `Progress` line every quarter epoch (at least every 10
-    updates; a bar on a terminal) and `StopAt` (`total_steps` updates, or `max_seconds` of
-    training counted from the start or the resumption; the interrupted epoch is evaluated,
-    `evaluator.stopped_for_time` says so). With `keep_best`, the best epoch's weights are put
-    back into `model`. Returns `evaluator`."""
+    updates; a bar on a terminal) and `StopAt` (`plan.total_steps` updates, or
+    `plan.max_seconds` of training counted from the start or the resumption; the interrupted
+    epoch is evaluated, `evaluator.stopped_for_time` says so). With `keep_best`, the best
+    epoch's weights are put back into `model`. Returns `evaluator`."""
     import time
 
     from pipeline.finetuning.callbacks import Progress
     from pipeline.training.callbacks import StopAt
 
-    label = evaluator.label
+    label, fc = evaluator.label, plan.fc
+    total_steps, max_seconds = plan.total_steps, plan.max_seconds
     steps_per_epoch = updates_per_epoch(len(train), fc)
     began = time.time()
     stop = StopAt(total_steps, max_seconds, lambda: time.time() - began)
-    fit(model, train, fc, total_steps, epochs, evaluator,
+    fit(model, train, plan, evaluator,
         [stop, evaluator,
          Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size * accumulation(fc),
-                  to_mlflow=evaluator.to_mlflow, label=label)],
-        checkpoints)
+                  to_mlflow=evaluator.to_mlflow, label=label)])
     evaluator.stopped_for_time = stop.stopped_early
     if stop.stopped_early:
         step = evaluator.history[-1]["step"] if evaluator.history else 0

@@ -21,6 +21,7 @@ Reads top to bottom:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -28,21 +29,13 @@ import time
 import keras
 import numpy as np
 
-from models import preprocessor
 from pipeline import config as config_lib
-from pipeline.artifacts import Artifacts
 from pipeline.config import Config
-from pipeline.finetuning import data as fd
-from pipeline.finetuning import records, runtime, tasks
+from pipeline.finetuning import runtime, tasks
 from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.finetuning.context import RunContext
 from pipeline.finetuning.outputs import _report, compare_with_baselines, write_and_log
-from pipeline.finetuning.task_model import (
-    FinetuneError,
-    load_backbone,
-    output_name,
-    resolve_init,
-)
-from pipeline.text import vocab as vocab_lib
+from pipeline.finetuning.task_model import FinetuneError
 from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
@@ -58,8 +51,6 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     `evaluate_test` false (a point of recipe auto's search): the test split(s) are not
     evaluated, so nothing chosen from the results can have seen them. `recipe`: what recipe
     auto tried and chose (pipeline/finetuning/recipe.py), kept in the results (metrics.json)."""
-    from pipeline.training import strategy as strategy_lib
-
     fc = config.finetune
     task = tasks.get(fc.task, fc)
     if write_outputs and task.serving and fc.register_model and not fc.export:
@@ -69,53 +60,36 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     started = time.time()
     for warning in config_lib.finetune_warnings(config):
         log.info(f"finetune: warning: {warning}")
-    paths = Artifacts(config.run_dir).finetune(output_name(fc))
     keras.utils.set_random_seed(fc.seed)
 
-    # 1. Data.
-    data = fd.load_task(fc)
+    # 1. Data; 2. encoder, vocab, features.
+    ctx = RunContext.build(config)
+    task, data, model_path = ctx.task, ctx.data, ctx.model_path  # one task: what `keep` told
     counts = data.splits["counts"]
     glue_task = f" ({fc.glue_task})" if fc.glue_task else ""
     log.info(f"finetune: {task.name} on {fc.dataset}{glue_task}: {counts['train']:,} train / "
              f"{counts['validation']:,} validation / {counts['test']:,} test examples"
              + (f", {len(data.labels)} labels" if data.labels else ""))
-
-    # 2. Encoder, vocab, features.
-    model_path, vocab_path = resolve_init(config)
-    vocab = vocab_lib.read_vocab(vocab_path)
-    lowercase = vocab_lib.vocab_lowercase(vocab_path, config.vocab.lowercase)
-    strategy = strategy_lib.make_strategy(config.train.strategy, config.train.tpu,
-                                         config.train.allow_cpu)
-    runtime.check_strategy(fc, strategy)
-    with strategy.scope():
-        backbone = runtime.with_precision(load_backbone(model_path), fc.precision)
-    if backbone.vocabulary_size != len(vocab):
-        raise FinetuneError(f"the encoder in {model_path} has {backbone.vocabulary_size} token "
-                            f"embeddings but {vocab_path} has {len(vocab)} tokens; give the vocab "
-                            f"it was trained with (finetune.vocab_file)")
-    if fc.max_seq_length > backbone.max_sequence_length:
-        raise FinetuneError(f"finetune.max_seq_length = {fc.max_seq_length} exceeds the encoder's "
-                            f"{backbone.max_sequence_length} positions ({model_path}); lower it")
-    pre = preprocessor.TextPreprocessor(vocab, lowercase, fc.max_seq_length)  # serving's
+    backbone = ctx.load_encoder(fc.max_seq_length, fc.precision)
     # The features of every split: TFRecords written once by a Beam job (the same for the
     # same task settings, vocab and examples: reused), streamed by tf.data from here on.
-    splits = records.write_or_reuse(config, task, data, vocab, vocab_path, lowercase)
+    ctx = ctx.with_features()
     sample = data.train[:NOTES_SAMPLE]  # what the features cut, on a sample in memory
-    for note in task.notes(task.make_split(sample, pre, data.labels, data.pair)):
+    for note in task.notes(task.make_split(sample, ctx.tokenizer.preprocessor, data.labels,
+                                           data.pair)):
         log.info(f"finetune: {note}" + (f" (in the first {len(sample):,} training examples)"
                                         if len(sample) < len(data.train) else ""))
 
     # 3. Model and optimizer. Seeded again: the Beam job that writes the features (when
     # they are not reused) draws from the global generators, by a varying amount.
     keras.utils.set_random_seed(fc.seed)
-    n_train = len(splits["train"])
-    steps_per_epoch = runtime.updates_per_epoch(n_train, fc)  # updates (× grad_accum_steps)
+    steps_per_epoch = runtime.updates_per_epoch(len(ctx.splits["train"]), fc)  # × grad_accum
     total_steps = steps_per_epoch * fc.epochs
     if fc.max_steps:
         total_steps = min(total_steps, fc.max_steps)
     epochs = math.ceil(total_steps / steps_per_epoch)
-    with strategy.scope():
-        model, encoder = build_trainable(task, backbone, data, fc, total_steps)
+    with ctx.strategy.scope():
+        model, encoder = build_trainable(ctx, backbone, total_steps)
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
     log.info(f"finetune: {model_path} → {type(encoder).__name__}, {encoder.count_params():,} "
              f"parameters ({trainable:,} trainable, freeze={fc.freeze}); {total_steps} steps "
@@ -129,11 +103,9 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
 
     # 4. Train, keeping the best epoch by the validation metric; checkpoints (the stage's run,
     # not a sweep's points) in finetune/.checkpoints/<name>/: a re-run resumes there.
-    checkpoints = (runtime.Checkpoints.for_run(config, data, model_path, vocab_path,
-                                               output_name(fc)) if write_outputs else None)
-    evaluator = train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
-                                 to_mlflow=True, checkpoints=checkpoints,
-                                 max_seconds=fc.max_seconds)
+    checkpoints = runtime.Checkpoints.for_run(ctx) if write_outputs else None
+    plan = runtime.FitPlan(fc, total_steps, epochs, fc.max_seconds, checkpoints)
+    evaluator = train_best_epoch(ctx, (model, encoder), plan)
     train_seconds = time.time() - started
 
     # 5. Evaluate: validation, test(s), baselines.
@@ -147,68 +119,65 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     predictions = {}
     results["validation"] = evaluator.best_result  # the kept epoch's validation metrics
     for name in (data.tests if evaluate_test else ()):
-        results[name], predictions[name] = task.evaluate(model, splits[name], data, encoder)
+        results[name], predictions[name] = task.evaluate(model, ctx.splits[name], data, encoder)
     if fc.baselines and evaluate_test:
         results["baselines"] = task.baselines(data, fc.seed)
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
-            results["baselines"]["random_init"] = random_init_baseline(
-                task, backbone, splits, data, fc, total_steps, epochs, strategy)
+            results["baselines"]["random_init"] = random_init_baseline(ctx, backbone, plan)
         compare_with_baselines(results, task, data.metric)
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
     _report(results, data)
 
     if write_outputs:
-        write_and_log(config, paths, encoder, pre, data, results, predictions, splits, vocab_path,
-                      lowercase)
-        results["output_dir"] = str(paths.dir)
+        write_and_log(ctx, encoder, results, predictions)
+        results["output_dir"] = str(ctx.paths.dir)
         checkpoints.remove()  # the output folder is complete
     return results
 
 
-def build_trainable(task, backbone, data, fc, total_steps: int):
+def build_trainable(ctx: RunContext, backbone, total_steps: int):
     """(the model `fit` trains, the task model it contains), compiled; call in the strategy
     scope. They differ where the task trains a wrapper (semantic search: a bi-encoder trainer
     around the encoder)."""
-    encoder = task.build_model(backbone, len(data.labels or []))
+    task, fc = ctx.task, ctx.fc
+    encoder = task.build_model(backbone, len(ctx.data.labels or []))
     model = task.trainer(encoder)
     task.compile(model, runtime.build_optimizer(fc, total_steps), **runtime.compile_options(fc))
     return model, encoder
 
 
-def train_best_epoch(task, model, encoder, splits: dict, data, fc, total_steps: int,
-                     epochs: int, to_mlflow: bool = True, checkpoints=None,
-                     label: str = "finetune", max_seconds: float = 0.0) -> EpochEvaluator:
-    """`model.fit` for `epochs` (at most `total_steps` updates), the validation metric after
-    every epoch; the best epoch's weights are put back and its validation result given to
-    `task.keep`. Returns the evaluator (history, best).
-    With `checkpoints` (runtime.Checkpoints): resumes from the latest, writes them. `label`
-    begins each progress line. `max_seconds` (0: none): training stops once that many seconds
-    have passed since it began (the per-epoch validation included; a resumed run counts from
-    its resumption), the interrupted epoch is evaluated and the best epoch so far kept
-    (`evaluator.stopped_for_time` says so)."""
-    def evaluate_validation():
-        return task.evaluate(model, splits["validation"], data, encoder)[0]
+def train_best_epoch(ctx: RunContext, trainable: tuple, plan: runtime.FitPlan,
+                     label: str = "finetune", to_mlflow: bool = True) -> EpochEvaluator:
+    """`model.fit` of `trainable` (`build_trainable`'s pair) for `plan.epochs` (at most
+    `plan.total_steps` updates), the validation metric after every epoch; the best epoch's
+    weights are put back and its validation result given to `task.keep`. Returns the
+    evaluator (history, best).
+    With `plan.checkpoints` (runtime.Checkpoints): resumes from the latest, writes them.
+    `label` begins each progress line. `plan.max_seconds` (0: none): training stops once that
+    many seconds have passed since it began (the per-epoch validation included; a resumed
+    run counts from its resumption), the interrupted epoch is evaluated and the best epoch so
+    far kept (`evaluator.stopped_for_time` says so)."""
+    model, encoder = trainable
 
-    evaluator = EpochEvaluator(evaluate_validation, data.metric, to_mlflow=to_mlflow,
+    def evaluate_validation():
+        return ctx.task.evaluate(model, ctx.splits["validation"], ctx.data, encoder)[0]
+
+    evaluator = EpochEvaluator(evaluate_validation, ctx.data.metric, to_mlflow=to_mlflow,
                                label=label)
-    runtime.fit_best_epoch(model, splits["train"], fc, total_steps, epochs, evaluator,
-                           checkpoints, max_seconds)
+    runtime.fit_best_epoch(model, ctx.splits["train"], plan, evaluator)
     if evaluator.best_result is not None:  # what validation chose for the kept weights
-        task.keep(evaluator.best_result)
+        ctx.task.keep(evaluator.best_result)
     return evaluator
 
 
-def random_init_baseline(task, backbone, splits: dict, data, fc, total_steps: int,
-                         epochs: int, strategy) -> dict:
+def random_init_baseline(ctx: RunContext, backbone, plan: runtime.FitPlan) -> dict:
     """Test metrics of the same architecture from random initialisation, fine-tuned with the
     same data, steps, schedule and epoch selection: the gain of pretraining is the difference."""
-    keras.utils.set_random_seed(fc.seed + 1)
-    with strategy.scope():
+    keras.utils.set_random_seed(ctx.fc.seed + 1)
+    with ctx.strategy.scope():
         fresh = type(backbone).from_config(backbone.get_config())
-        model, encoder = build_trainable(task, fresh, data, fc, total_steps)
-    train_best_epoch(task, model, encoder, splits, data, fc, total_steps, epochs,
-                     to_mlflow=False, label="finetune (random init)",
-                     max_seconds=fc.max_seconds)
-    return task.evaluate(model, splits["test"], data, encoder)[0]
-
+        model, encoder = build_trainable(ctx, fresh, plan.total_steps)
+    train_best_epoch(ctx, (model, encoder), dataclasses.replace(plan, checkpoints=None),
+                     label="finetune (random init)", to_mlflow=False)
+    return ctx.task.evaluate(model, ctx.splits["test"], ctx.data, encoder)[0]

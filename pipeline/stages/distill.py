@@ -20,75 +20,44 @@ Reads top to bottom:
   4. teacher and student on the same validation/test split (finetune.evaluate), their parameter
      counts and inference speed (examples/s, `predict` on the same test inputs, this process);
   5. <run_dir>/distill/<name>/ written whole like a finetune folder (model.keras, raw-text
-     SavedModel, task.json, metrics.json, ...; finetune.write_and_log) plus distill.json, and
+     SavedModel, task.json, metrics.json, ...; outputs.write_and_log) plus distill.json, and
      the teacher-vs-student figures logged to MLflow.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
 import time
 
 import keras
 
-from models import preprocessor
 from pipeline import artifacts
-from pipeline.artifacts import Artifacts
 from pipeline.config import Config
-from pipeline.finetuning import data as fd
-from pipeline.finetuning import distillation as distill_lib
-from pipeline.finetuning import outputs, records, runtime, tasks
-from pipeline.text import vocab as vocab_lib
-from pipeline.tracking import outbox, runs
-
-log = logging.getLogger(__name__)
+from pipeline.finetuning import distillation, outputs, runtime
+from pipeline.tracking import outbox
 
 
 def run(config: Config, write_outputs: bool = True) -> dict:
     dc = config.distill
     started = time.time()
     # 1. The teacher (an altered file: exit 2, named), its task, data and features.
-    teacher = distill_lib.load_teacher(config)
-    name = distill_lib.output_name(config, teacher.dir)
-    fc = distill_lib.student_finetune_config(config, teacher.config.finetune, teacher.dir, name)
-    student_config = dataclasses.replace(config, finetune=fc)
-    keras.utils.set_random_seed(dc.seed)
-    data = fd.load_task(fc)
-    distill_lib.check_data(teacher, data)
-    vocab_path, lowercase = teacher.paths.vocab_file, bool(teacher.info["lowercase"])
-    vocab = vocab_lib.read_vocab(vocab_path)
-    task = tasks.get("classification", fc)
-    splits = records.write_or_reuse(student_config, task, data, vocab, vocab_path, lowercase)
+    teacher, ctx = distillation.prepare(config)
+    fc, data = ctx.fc, ctx.data
 
     # 2. The student.
     keras.utils.set_random_seed(dc.seed)
-    student, sizes, copied = distill_lib.build_student(teacher.model, dc, len(data.labels),
-                                                       fc.dropout)
-    per_epoch = runtime.updates_per_epoch(len(splits["train"]), fc)
+    student = distillation.build_student(teacher.model, ctx)
+    per_epoch = runtime.updates_per_epoch(len(ctx.splits["train"]), fc)
     total_steps = min(per_epoch * fc.epochs, fc.max_steps or per_epoch * fc.epochs)
-    tb = teacher.model.backbone
-    log.info(f"distill: teacher {teacher.dir} ({tb.num_layers} layers, hidden {tb.hidden_dim}, "
-             f"{teacher.model.count_params():,} parameters) -> student ({sizes['num_layers']} "
-             f"layers, hidden {sizes['hidden_dim']}, {student.count_params():,} parameters, "
-             + (f"initialised from teacher layers {copied}" if copied is not None
-                else "random init")
-             + f"); T={dc.temperature} alpha={dc.alpha} hidden={dc.hidden_loss}"
-             f"{'/' + dc.hidden_match if dc.hidden_loss != 'none' else ''}; {total_steps} steps")
-    runs.log_params({
-        "distill.teacher_dir": str(teacher.dir),
-        **{f"distill.student.{k}": v for k, v in sizes.items()},
-        "distill.initialised_from_layers": str(copied), "distill.total_steps": total_steps})
+    distillation.describe(teacher, student, dc, total_steps)
 
     # 3. Train: the Distiller through fine-tuning's fit path, resuming from its checkpoints.
-    distiller = distill_lib.Distiller(teacher.model, student, dc)
+    distiller = distillation.Distiller(teacher.model, student.model, dc)
     distiller.compile(optimizer=runtime.build_optimizer(fc, total_steps, knobs=False),
                       **runtime.compile_options(fc))
-    saved = (distill_lib.checkpoints(config, student_config, data, teacher, name)
-             if write_outputs else None)
-    history, best_epoch = distill_lib.train_student(distiller, student, splits, data, fc,
-                                                    total_steps, saved)
+    saved = distillation.checkpoints(ctx) if write_outputs else None
+    history, best_epoch = distillation.train_student(ctx, distiller, student.model, total_steps,
+                                                     saved)
     train_seconds = time.time() - started
 
     # 4. Teacher vs student on the same splits and inputs.
@@ -96,22 +65,19 @@ def run(config: Config, write_outputs: bool = True) -> dict:
                "best_epoch": best_epoch, "history": history}
     predictions = {}
     for split in ("validation", *data.tests):
-        results[split], predictions[split] = task.evaluate(student, splits[split], data)
-    summary = distill_lib.compare(teacher, student, splits, data, results, sizes, copied, dc,
-                                  fc, total_steps)
+        results[split], predictions[split] = ctx.task.evaluate(student.model, ctx.splits[split],
+                                                               data)
+    summary = distillation.compare(ctx, teacher, student, results, total_steps)
     results["distillation"] = summary
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
 
     # 5. Outputs: the finetune layout (atomic), distill.json beside metrics.json.
     if write_outputs:
-        paths = Artifacts(config.run_dir).distill(name)
-        pre = preprocessor.TextPreprocessor(vocab, lowercase, teacher.info["max_seq_length"])
-        outputs.write_and_log(student_config, paths, student, pre, data, results, predictions,
-                              splits, vocab_path, lowercase)
-        artifacts.write_text_atomic(paths.distill_json, json.dumps(summary, indent=2,
-                                                                   default=float))
-        outbox.log_artifact(paths.distill_json, "distill")
-        results["output_dir"] = str(paths.dir)
+        outputs.write_and_log(ctx, student.model, results, predictions)
+        artifacts.write_text_atomic(ctx.paths.distill_json, json.dumps(summary, indent=2,
+                                                                       default=float))
+        outbox.log_artifact(ctx.paths.distill_json, "distill")
+        results["output_dir"] = str(ctx.paths.dir)
         saved.remove()  # the output folder is complete
     return results

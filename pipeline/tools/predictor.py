@@ -66,7 +66,7 @@ class Predictor:
         if not hasattr(self.task, "search_rows"):
             raise ValueError(f"--documents/--query need a semantic_search model, this one is "
                              f"{self.task.name}")
-        return self.task.search_rows(self, documents, queries, top_k, passages, passage_length,
-                                     passage_stride)
+        return self.task.search_rows(self, documents, queries, top_k,
+                                     (passage_length, passage_stride) if passages else None)
 
 

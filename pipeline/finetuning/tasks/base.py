@@ -90,11 +90,12 @@ def predict_batch(model, x: dict) -> dict:
     return {k: np.asarray(v, np.float32) for k, v in model.predict_on_batch(x).items()}
 
 
-def gather(task, model, split, batch_size: int, outputs: tuple, keys: tuple) -> dict:
-    """The model's `outputs` and the rows' `keys` over a whole split, concatenated and put in
-    example order (for outputs a row each; per-position outputs are reduced by the caller)."""
+def gather(task, model, split, outputs: tuple, keys: tuple) -> dict:
+    """The model's `outputs` and the rows' `keys` over a whole split (in batches of twice
+    finetune.batch_size), concatenated and put in example order (for outputs a row each;
+    per-position outputs are reduced by the caller)."""
     parts: dict = {k: [] for k in (*outputs, *keys)}
-    for rows, x in task.batches(split, batch_size):
+    for rows, x in task.batches(split, 2 * task.fc.batch_size):
         predicted = predict_batch(model, x)
         for k in outputs:
             parts[k].append(predicted[k])
@@ -149,7 +150,7 @@ class FinetuneTask(abc.ABC):
         """Examples of a csv / tsv / jsonl file (columns from finetune.*)."""
         from pipeline.finetuning.readers import read_table
 
-        return read_table(path, fc.text_column, fc.text_pair_column, fc.label_column,
+        return read_table(path, (fc.text_column, fc.text_pair_column, fc.label_column),
                           fmt=fc.dataset, regression=False, require_label=self.requires_label)
 
     @abc.abstractmethod
@@ -258,10 +259,13 @@ class FinetuneTask(abc.ABC):
         raise ValueError(f"task {self.name!r} has no raw-text SavedModel; write its "
                          f"`serving_module`, or set `serving = False` on the class")
 
-    def export(self, model, pre, folder, labels, pair: bool, info: dict) -> None:
+    def export(self, model, pre, folder, info: dict) -> None:
+        """The raw-text SavedModel of `model` in `folder`; `info`: task.json's entries (its
+        "labels" and "pair" among them)."""
         from pipeline.serving import export
 
-        export.save_serving_module(self.serving_module(model, pre, labels, pair, info), folder)
+        export.save_serving_module(self.serving_module(
+            model, pre, info.get("labels"), bool(info.get("pair")), info), folder)
 
     def check_export(self, folder, model, pre, data, info: dict) -> dict:
         """{"export_max_abs_diff": ..., ...}: the SavedModel against the in-memory model."""

@@ -92,7 +92,7 @@ class Classification(FinetuneTask):
     def evaluate(self, model, split, data, encoder=None):
         from pipeline.finetuning import metrics
 
-        out = gather(self, model, split, 2 * self.fc.batch_size, ("logits",), ("label",))
+        out = gather(self, model, split, ("logits",), ("label",))
         logits, y_true = out["logits"], out["label"].reshape(-1)
         y_pred = logits.argmax(-1)
         result = metrics.classification_report(y_true, y_pred)
@@ -136,14 +136,14 @@ class Classification(FinetuneTask):
 
         return export.build_serving_module(model, pre, export.label_outputs, labels, pair)
 
-    def export(self, model, pre, folder, labels, pair, info) -> None:
+    def export(self, model, pre, folder, info) -> None:
         from pipeline.serving import export
 
         if self.windowed:  # windows made in the graph
-            export.export_window_model(model, pre, folder, labels, self.fc.window_stride,
-                                       self.fc.max_windows)
+            export.export_window_model(model, pre, folder, info.get("labels"),
+                                       self.fc.window_stride, self.fc.max_windows)
         else:
-            super().export(model, pre, folder, labels, pair, info)
+            super().export(model, pre, folder, info)
 
     def check_export(self, folder, model, pre, data, info) -> dict:
         from pipeline.serving import export

@@ -112,8 +112,7 @@ class QuestionAnswering(FinetuneTask):
         search = features.SpanSearch(split.examples, fc.n_best, fc.max_answer_length)
         for rows, x in self.batches(split, 2 * fc.batch_size):  # windows, streamed
             out = predict_batch(model, x)
-            search.add(out["start_logits"], out["end_logits"], rows["example_index"],
-                       rows["span_start"], rows["span_end"], rows["max_context"])
+            search.add(out["start_logits"], out["end_logits"], rows)
         if not fc.version_2:
             answers = search.answers()
             gold = {e.qid: [a for a, _ in e.answers] for e in split.examples}
@@ -122,7 +121,8 @@ class QuestionAnswering(FinetuneTask):
         spans = {q: text for q, (text, _, _) in candidates.items()}
         diffs = {q: float(null) - float(score) for q, (_, score, null) in candidates.items()}
         gold, has_answer = official.gold_of(split.examples)
-        threshold, source = self._threshold(split, data, gold, has_answer, spans, diffs)
+        threshold, source = self._threshold(split, data, lambda: official.choose_null_threshold(
+            gold, has_answer, spans, diffs))
         answers = official.answers_at(spans, diffs, threshold)
         na_probs = {q: official.na_probability(null, score)
                     for q, (_, score, null) in candidates.items()}
@@ -133,15 +133,14 @@ class QuestionAnswering(FinetuneTask):
                         "null_score_threshold": float(threshold),
                         "null_score_threshold_source": source}
 
-    def _threshold(self, split, data, gold, has_answer, spans, diffs):
-        """(threshold, "config" | "validation") on `split`."""
-        from pipeline.finetuning import squad_official as official
-
+    def _threshold(self, split, data, choose):
+        """(threshold, "config" | "validation") on `split`; `choose()`: the threshold chosen
+        on it (when it is the validation split)."""
         fixed = fixed_threshold(self.fc.null_score_threshold)
         if fixed is not None:
             return fixed, "config"
         if data is not None and split.examples is data.validation:
-            return official.choose_null_threshold(gold, has_answer, spans, diffs), "validation"
+            return choose(), "validation"
         if self.kept_threshold is None:
             raise ValueError("finetune.null_score_threshold = auto, but no validation result "
                              "with a chosen threshold was kept for these weights; evaluate the "
@@ -231,7 +230,7 @@ class QuestionAnswering(FinetuneTask):
         settings["null_score_threshold"] = float(threshold or 0.0)
         return settings
 
-    def export(self, model, pre, folder, labels, pair, info) -> None:
+    def export(self, model, pre, folder, info) -> None:
         """The SavedModel with the threshold resolved (`search_settings`); `info` and the
         task.json beside `folder` get it too."""
         settings = self.search_settings(info)
@@ -245,7 +244,7 @@ class QuestionAnswering(FinetuneTask):
                 from pipeline import artifacts
 
                 artifacts.write_text_atomic(task_json, json.dumps(saved, indent=2))
-        super().export(model, pre, folder, labels, pair, info)
+        super().export(model, pre, folder, info)
 
     def serving_module(self, model, pre, labels, pair, info):
         """`info`: the search settings (task.json keys), resolved by `search_settings`."""

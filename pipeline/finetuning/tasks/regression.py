@@ -34,7 +34,7 @@ class Regression(FinetuneTask):
     def read_file(self, path, fc) -> list:
         from pipeline.finetuning.readers import read_table
 
-        return read_table(path, fc.text_column, fc.text_pair_column, fc.label_column,
+        return read_table(path, (fc.text_column, fc.text_pair_column, fc.label_column),
                           fmt=fc.dataset, regression=True)
 
     def make_split(self, examples, pre, labels, pair) -> Split:
@@ -56,7 +56,7 @@ class Regression(FinetuneTask):
     def evaluate(self, model, split, data, encoder=None):
         from pipeline.finetuning import metrics
 
-        out = gather(self, model, split, 2 * self.fc.batch_size, ("score",), ("target",))
+        out = gather(self, model, split, ("score",), ("target",))
         score = out["score"].reshape(-1)
         return metrics.regression_report(out["target"].reshape(-1), score), {"y_pred": score}
 

@@ -135,12 +135,15 @@ class SemanticSearch(FinetuneTask):
         return [{"text": t, "embedding": [round(float(x), 6) for x in out["embedding"][i]]}
                 for i, t in enumerate(texts)]
 
-    def search_rows(self, predictor, documents, queries, top_k: int = 5, passages: bool = False,
-                    passage_length: int = 0, passage_stride: int = 0) -> list[dict]:
-        if passages:  # long documents: passage vectors, document score = best passage
+    def search_rows(self, predictor, documents, queries, top_k: int = 5,
+                    passages: tuple | None = None) -> list[dict]:
+        """The top `top_k` documents per query. `passages`: (length, stride) of the passages
+        long documents are cut into (0: the defaults), or None: a vector per document."""
+        if passages is not None:  # long documents: passage vectors, document score = best passage
             from pipeline.serving.search import search_rows
 
             model, pre = predictor.keras_parts()
+            passage_length, passage_stride = passages
             return search_rows(model, pre, documents, queries, top_k, passage_length or None,
                                passage_stride or None)
         from pipeline.serving.export import run_saved_model

@@ -118,10 +118,7 @@ class TokenClassification(FinetuneTask):
                    gold, [[best.get(w.lower(), overall) for w in e.words] for e in data.test],
                    data.labels)}
         chosen, tags, value = baselines.crf_tagger(
-            data.train, data.validation, data.test,
-            lambda g, p: self.score(g, p, data.labels)[data.metric], seed,
-            self.fc.baseline_max_train, self.fc.baseline_crf_algorithm,
-            self.fc.baseline_crf_iterations)
+            data, lambda g, p: self.score(g, p, data.labels)[data.metric], seed, self.fc)
         out["crf"] = baselines.row(self.score(gold, tags, data.labels), chosen, value,
                                    data.metric)
         baselines.log.info(f"finetune: baselines in {time.time() - started:.1f} s")
