@@ -28,7 +28,7 @@ from pipeline import config as config_lib
 from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
 from pipeline.finetuning import runtime, tasks
-from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.training.callbacks import EpochEvaluator
 from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)

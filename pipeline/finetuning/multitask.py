@@ -25,7 +25,7 @@ from pipeline.finetuning import data as fd
 from models import preprocessor
 from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
-from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.training.callbacks import EpochEvaluator
 from pipeline.finetuning.tasks.base import Split
 from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox, runs

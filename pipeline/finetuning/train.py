@@ -34,7 +34,7 @@ from pipeline.artifacts import Artifacts
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import records, runtime, tasks
-from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.training.callbacks import EpochEvaluator
 from pipeline.finetuning.outputs import _report, compare_with_baselines, write_and_log
 from pipeline.finetuning.task_model import (
     FinetuneError,
