@@ -23,7 +23,7 @@ import sqlite3
 import zipfile
 from pathlib import Path
 
-from bench.fault_setup import CHECKPOINT_EVERY, COMMAND, ROOT, overrides
+from bench.fault_setup import CHECKPOINT_EVERY, COMMAND, OUTPUT, ROOT, STAGE_LABEL, overrides
 
 # A resumed run's per-step loss may differ this much from the uninterrupted run's (measured:
 # ~0.01 at a loss of ~6 on the tiny model).
@@ -31,7 +31,9 @@ LOSS_TOLERANCE = 0.05
 SKIP = {".stage.json", ".pipeline.lock"}
 # Whether the lineage caches a stage (its .stage.json marker is checked after a kill).
 STAGES_CACHED = {"corpus": True, "vocab": True, "data": True, "pretrain": True,
-                 "finetune": False}
+                 "finetune": False, "multitask": False, "distill": False}
+# What a fine-tuning's metrics.json holds that depends on the clock, not on what was trained.
+TIMINGS = {"seconds", "train_seconds", "examples_per_second", "speedup", "output_dir"}
 
 
 # ---------------------------------------------------------------------------
@@ -47,11 +49,18 @@ def folder_hashes(folder: Path) -> dict:
             if p.is_file() and p.name not in SKIP}
 
 
+def without_timings(value):
+    """A metrics.json's contents without its `TIMINGS` keys, at any depth."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k not in TIMINGS}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
 def finetune_summary(folder: Path) -> dict:
     """What a fine-tuning run must reproduce: its metrics (timings aside), its predictions."""
-    metrics = json.loads((folder / "metrics.json").read_text())
-    for key in ("seconds", "train_seconds"):
-        metrics.pop(key, None)
+    metrics = without_timings(json.loads((folder / "metrics.json").read_text()))
     predictions = sorted(p.name for p in folder.glob("test_predictions*"))
     return {"metrics": metrics, "predictions": {n: sha256(folder / n) for n in predictions},
             "files": sorted(p.name for p in folder.iterdir())}
@@ -72,8 +81,8 @@ def outputs(top: Path, stage: str) -> dict:
     run = top / "root" / "run"
     if stage in ("corpus", "vocab", "data"):
         return folder_hashes(run / stage)
-    if COMMAND.get(stage, stage) == "finetune":
-        return finetune_summary(run / "finetune" / "topic")
+    if COMMAND.get(stage, stage) in OUTPUT:  # finetune, multitask, distill
+        return finetune_summary(run / OUTPUT[COMMAND.get(stage, stage)])
     pretrain = run / "pretrain"
     return {"eval": json.loads((pretrain / "eval.json").read_text()),
             "model.keras": zip_whole(pretrain / "model.keras"),
@@ -202,9 +211,9 @@ def check_after_kill(ref: Reference, stage: str, result: Result) -> bool:
     paths = artifacts.Artifacts(ref.run)  # absolute: no run root involved
     if Path(config.run_dir).resolve() != ref.run.resolve():
         raise ValueError(f"the suite's config runs in {config.run_dir}, not {ref.run}")
-    folder = {"finetune": ref.run / "finetune" / "topic"}.get(name, ref.run / name)
+    folder = ref.run / OUTPUT.get(name, name)
     complete = False
-    if name in ("corpus", "vocab", "data", "finetune"):
+    if name in ("corpus", "vocab", "data", *OUTPUT):
         if not folder.exists():
             result.after_kill = "absent"
         else:
@@ -263,9 +272,9 @@ def compare_rerun(ref: Reference, stage: str, killed_output: str, rerun_output: 
     `killed_output` and `rerun_output` are the two runs' logs."""
     if stage not in ("pretrain", "export"):
         got = outputs(ref.top, stage)
-        resumed = re.search(r"finetune: resuming from ckpt-\d+ \(step (\d+) of (\d+)",
-                            rerun_output)
-        if stage == "finetune_resume" and not resumed:
+        resumed = re.search(rf"{STAGE_LABEL.get(stage, 'finetune')}: resuming from "
+                            rf"ckpt-\d+ \(step (\d+) of (\d+)", rerun_output)
+        if stage in STAGE_LABEL and not resumed:
             result.problems.append("killed after a checkpoint, the re-run did not resume")
         if got == ref.expected[stage]:
             result.rerun = "identical" + (f" (resumed from step {resumed.group(1)} of "

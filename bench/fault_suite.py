@@ -19,8 +19,8 @@ time), each at a seeded moment of one of three kinds, in turn:
     mlflow  the first moment after a drawn instant at which the SQLite journal exists: inside
             an MLflow call's write transaction
 
-(finetune_resume has a fourth kind of its own, checkpoint: the moment the finetune stage's n-th
-checkpoint folder appears, n drawn among the reference's.)
+(finetune_resume, multitask and distill have a fourth kind of their own, checkpoint: the moment
+the stage's n-th checkpoint folder appears, n drawn among the reference's.)
 
 The process group the suite started is killed (os.killpg, SIGKILL, by pid); nothing else is.
 `strays` counts kills whose temporaries (never renamed into place, never taken as output)
@@ -50,6 +50,11 @@ same command again (exit 0), and:
                           checkpoint_every 4 of its 16 updates, and every epoch end): the
                           re-run must say it resumed from a checkpoint, and its outputs equal
                           the reference's as for finetune (a resumed fine-tuning is bit-exact)
+    multitask, distill    the multitask / distill stage killed the same way (kind "checkpoint";
+                          24 mixed updates of a classification and a tagging task; a 1-layer
+                          student of the finetune stage's model, 16 updates), checkpoints every
+                          4 updates and every epoch end: the re-run must say it resumed, and its
+                          metrics.json equal the reference's (timings aside)
 
 and MLflow: the re-run's parent run FINISHED, its stage.<name>.run_id a FINISHED run of that
 stage; for pretrain, a killed run that had written a checkpoint is the run reopened (resumed,
@@ -107,18 +112,26 @@ from bench.fault_checks import (
     outputs,
     step_losses,
 )
-from bench.fault_setup import COMMAND, SERVER_CASES, STAGES, overrides, write_inputs
+from bench.fault_setup import (
+    CHECKPOINTS,
+    COMMAND,
+    OUTPUT,
+    SERVER_CASES,
+    STAGES,
+    overrides,
+    write_inputs,
+)
 
 KINDS = ("random", "file", "mlflow")
 # The kinds of kill of a suite stage (KINDS unless named here).
-STAGE_KINDS = {"finetune_resume": ("checkpoint",)}
+STAGE_KINDS = {"finetune_resume": ("checkpoint",), "multitask": ("checkpoint",),
+               "distill": ("checkpoint",)}
 # The reference state a suite stage starts from.
 STARTS_AFTER = {"corpus": None, "vocab": "corpus", "data": "vocab", "pretrain": "data",
-                "export": "data", "finetune": "pretrain", "finetune_resume": "pretrain"}
+                "export": "data", "finetune": "pretrain", "finetune_resume": "pretrain",
+                "multitask": "pretrain", "distill": "finetune"}
 # The suite stages that share another's reference run (the same command, other kills).
 SAME_REFERENCE = {"export": "pretrain", "finetune_resume": "finetune"}
-# Where the finetune stage checkpoints (pipeline/artifacts.py finetune_checkpoints).
-FINETUNE_CHECKPOINTS = "finetune/.checkpoints/topic"
 # The log line that separates pretraining from its export (pipeline/training/loop.py).
 TRAINED = "final weights sha256"
 POLL = 0.002  # seconds between looks at the temporary files and the journal
@@ -161,9 +174,9 @@ def temporaries(run_dir: Path) -> list[Path]:
     """Temporary files and folders of atomic writes: `.<name>.tmp-*` (atomic_dir, atomic_file),
     `.tmp-*` (checkpoints, model.keras), in the run dir and the folders stages write into."""
     found = []
-    for folder in (run_dir, *(run_dir / d for d in ("corpus", "vocab", "data", "pretrain",
-                                                    "pretrain/checkpoints", "finetune",
-                                                    FINETUNE_CHECKPOINTS))):
+    folders = ("corpus", "vocab", "data", "pretrain", "pretrain/checkpoints", "finetune",
+               "multitask", "distill", *sorted(set(CHECKPOINTS.values())))
+    for folder in (run_dir, *(run_dir / d for d in folders)):
         try:
             with os.scandir(folder) as entries:
                 found += [Path(e.path) for e in entries if ".tmp-" in e.name]
@@ -225,7 +238,7 @@ def watch(top: Path, stage: str, log_path: Path, moment: Moment | None = None,
     with a `moment`, kills the process group (SIGKILL) when it comes."""
     run_dir, journal = top / "root" / "run", top / "root" / "mlflow.db-journal"
     completion, completed = marker(run_dir, stage), False
-    checkpoints, written = run_dir / FINETUNE_CHECKPOINTS, set()
+    checkpoints, written = run_dir / CHECKPOINTS.get(stage, "-"), set()
 
     def new_checkpoint() -> bool:
         """A fine-tuning checkpoint folder not there at the last look (renamed into place:

@@ -174,7 +174,7 @@ def test_finetuning_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypa
     import keras
     import numpy as np
 
-    from pipeline.finetuning.callbacks import Progress
+    from pipeline.training.callbacks import Progress
 
     x = np.arange(24, dtype="float32").reshape(8, 3) / 10
     for mode in ("plain", "bar"):

@@ -115,6 +115,8 @@ def test_the_completion_marker_is_the_stage_s_lineage_marker(tmp_path):
     assert fault_suite.marker(run, "corpus") == run / "corpus" / ".stage.json"
     assert fault_suite.marker(run, "export") == run / "pretrain" / ".stage.json"
     assert fault_suite.marker(run, "finetune_resume") == run / "finetune" / ".stage.json"
+    assert fault_suite.marker(run, "multitask") == run / "multitask" / ".stage.json"
+    assert fault_suite.marker(run, "distill") == run / "distill" / ".stage.json"
 
 
 def test_the_tally_counts_verified_injections_only():

@@ -27,12 +27,11 @@ from models import heads
 from pipeline import artifacts
 from pipeline import config as config_lib
 from pipeline.finetuning import runtime
-from pipeline.finetuning.callbacks import EpochEvaluator
+from pipeline.finetuning.task_model import FinetuneError, load_backbone
 from pipeline.finetuning.tasks.base import Split
-from pipeline.finetuning.task_model import load_backbone
 from pipeline.config.load import CHOICES
 from pipeline.training import pretrainer
-from pipeline.training.callbacks import StopAt
+from pipeline.training.callbacks import EpochEvaluator, StopAt
 
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, sentence  # noqa: F401 (fixture)
 from tests.conftest import PipelineLines
@@ -55,11 +54,13 @@ def finetune_section(*overrides):
                                   *overrides]).finetune
 
 
-def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None):
-    """(model, evaluator) after `epochs` epochs of the synthetic split, built as the stage does:
-    the encoder in finetune.precision, the runtime's optimizer and compile options."""
+def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None, split=None,
+          best_epoch=False):
+    """(model, evaluator) after `epochs` epochs of the synthetic split (or `split`), built as
+    the stage does: the encoder in finetune.precision, the runtime's optimizer and compile
+    options; `runtime.fit`, or with `best_epoch` the stage's `fit_best_epoch`."""
     fc = finetune_section(*overrides)
-    split = synthetic_split()
+    split = split or synthetic_split()
     keras.utils.set_random_seed(1)
     backbone = runtime.with_precision(load_backbone(encoder_path), fc.precision)
     model = heads.BertClassifier(backbone, 2, dropout=dropout)
@@ -74,8 +75,11 @@ def train(encoder_path, *overrides, epochs=2, dropout=0.0, checkpoints=None):
         return {"accuracy": float(np.mean(logits.argmax(-1) == split.y["logits"]))}
 
     evaluator = EpochEvaluator(accuracy, "accuracy", to_mlflow=False)
-    runtime.fit(model, split, runtime.FitPlan(fc, total, epochs, checkpoints=checkpoints),
-                evaluator, [StopAt(total), evaluator])
+    plan = runtime.FitPlan(fc, total, epochs, checkpoints=checkpoints)
+    if best_epoch:
+        runtime.fit_best_epoch(model, split, plan, evaluator)
+    else:
+        runtime.fit(model, split, plan, evaluator, [StopAt(total), evaluator])
     return model, evaluator
 
 
@@ -205,6 +209,29 @@ def test_checkpoints_resume_to_the_uninterrupted_run_bit_for_bit(encoder_files, 
         assert checkpoints("finetune.learning_rate=0.002").prepare() is None
     assert "finetune.learning_rate: 0.001 -> 0.002" in lines[0] and "kept aside in" in lines[0]
     assert len(list(tmp_path.glob("ckpt.aside-*/ckpt/ckpt-00000016"))) == 1
+
+
+def test_a_non_finite_loss_stops_in_one_line_keeping_the_last_good_checkpoint(encoder_files,
+                                                                              tmp_path):
+    """One example weighted NaN, in the 3rd batch of epoch 1: training stops at step 3 with a
+    one-line error; the checkpoint of step 2 stays the newest, nothing after it is written or
+    evaluated."""
+    args = ("finetune.batch_size=8", "finetune.checkpoint_every=2")
+    fc = finetune_section(*args)
+    split = synthetic_split()
+    weights = np.ones(N, "float32")
+    weights[runtime.epoch_order(N, fc, 0)[2 * 8]] = np.nan  # the first example of batch 3
+    split.sample_weight = {"logits": weights}
+    checkpoints = runtime.Checkpoints(tmp_path / "ckpt", {"finetune": dataclasses.asdict(fc)},
+                                      fc.keep_checkpoints, fc.checkpoint_every)
+    with pytest.raises(FinetuneError) as err:
+        train(encoder_files[0], *args, split=split, checkpoints=checkpoints, best_epoch=True)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("finetune: training stopped at step 3: the loss became nan (not "
+                              "finite); the last good checkpoint ckpt-00000002 (step 2) is kept")
+    assert "finetune.learning_rate (now 0.001)" in message
+    assert [step for step, _ in checkpoints.found()] == [2]
 
 
 def test_config_keys_take_train_values_and_rules():

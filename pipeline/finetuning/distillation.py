@@ -29,9 +29,9 @@ from pipeline.artifacts import Artifacts, FinetuneArtifacts
 from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import runtime, tasks
-from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.context import RunContext, TokenizerBundle
 from pipeline.tracking import outbox, runs
+from pipeline.training.callbacks import EpochEvaluator
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning import outputs, readers, records, runtime
 from pipeline.finetuning import tasks as task_registry
-from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.context import RunContext, TokenizerBundle
 from pipeline.finetuning.task_model import FinetuneError
 from pipeline.text import vocab as vocab_lib
 from pipeline.tracking import outbox, runs
+from pipeline.training.callbacks import EpochEvaluator
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import re
 import shutil
 from pathlib import Path
@@ -47,7 +46,8 @@ from models.schedules import WarmupPolynomialDecay
 from pipeline import artifacts
 from pipeline.finetuning.tasks.base import Split
 from pipeline.training import pretrainer
-from pipeline.training.callbacks import _WeightsBuffer
+from pipeline.training.callbacks import (NonFiniteGuard, Progress, StopAt, prune, write_aside,
+                                         write_weights)
 from pipeline.training.checkpoints import (
     global_step,
     restore_seed_states,
@@ -267,13 +267,10 @@ class Checkpoints:
         final = self.dir / f"ckpt-{step:08d}"
         if not self.write or final.exists():
             return None
-        tmp = self.dir / f".tmp-{os.getpid()}-{final.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            buffer = _WeightsBuffer()  # HDF5 in memory: a full disk is a plain OSError
-            model.save_weights(buffer)
-            (tmp / WEIGHTS).write_bytes(buffer.getbuffer())
+
+        def fill(tmp: Path) -> None:
+            tmp.mkdir(parents=True)
+            write_weights(model, tmp / WEIGHTS)
             seeds_file(tmp / WEIGHTS).write_text(json.dumps(seed_states(model)))
             state = {"step": step, "history": evaluator.history, "best": evaluator.best,
                      "best_epoch": evaluator.best_epoch, "best_result": evaluator.best_result}
@@ -283,12 +280,9 @@ class Checkpoints:
             arrays.update({f"best_{i}": w for i, w in enumerate(evaluator.best_weights or [])})
             with open(tmp / "arrays.npz", "wb") as handle:
                 np.savez(handle, **arrays)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        for _, old in self.found()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+
+        write_aside(final, fill)
+        prune([path for _, path in self.found()], self.keep)
         return final
 
     def restore(self, model, evaluator, folder: Path) -> tuple[int, list]:
@@ -340,7 +334,8 @@ def set_checkpoints_aside(config):
 class _Saver(keras.callbacks.Callback):
     """A checkpoint every `every` updates inside an epoch (where the callbacks see an update
     boundary: they see every steps_per_execution-th micro-batch), and at every epoch end after
-    the epoch's evaluation (put it after the EpochEvaluator)."""
+    the epoch's evaluation (put it after the EpochEvaluator); none once the evaluator's
+    non-finite guard has tripped."""
 
     def __init__(self, checkpoints: Checkpoints, evaluator, fc, per_epoch: int, total: int):
         super().__init__()
@@ -358,12 +353,17 @@ class _Saver(keras.callbacks.Callback):
             return  # inside an update, or the epoch's end (on_epoch_end saves, evaluated)
         step = global_step(self.model)
         if step < self.total and step // every > self.last // every:
-            self.checkpoints.save(self.model, self.evaluator)
+            self.save()
             self.last = step
 
     def on_epoch_end(self, epoch, logs=None):
-        self.checkpoints.save(self.model, self.evaluator)
+        self.save()
         self.last = global_step(self.model)
+
+    def save(self) -> None:
+        guard = self.evaluator.guard
+        if guard is None or (self.checkpoints.write and guard.allows_save(self.model)):
+            self.checkpoints.save(self.model, self.evaluator)
 
 
 class _RunningMetrics(keras.callbacks.Callback):
@@ -451,24 +451,33 @@ def fit(model, split, plan: FitPlan, evaluator, callbacks: list) -> int:
 def fit_best_epoch(model, train, plan: FitPlan, evaluator, keep_best: bool = True):
     """`fit` with `evaluator` (an EpochEvaluator: the validation metric after every epoch, the
     best epoch's weights kept), a `Progress` line every quarter epoch (at least every 10
-    updates; a bar on a terminal) and `StopAt` (`plan.total_steps` updates, or
-    `plan.max_seconds` of training counted from the start or the resumption; the interrupted
-    epoch is evaluated, `evaluator.stopped_for_time` says so). With `keep_best`, the best
-    epoch's weights are put back into `model`. Returns `evaluator`."""
+    updates; a bar on a terminal), the non-finite guard (training stops at the first
+    non-finite loss, a `FinetuneError` says so, the last good checkpoint stays the newest) and
+    `StopAt` (`plan.total_steps` updates, or `plan.max_seconds` of training counted from the
+    start or the resumption; the interrupted epoch is evaluated, `evaluator.stopped_for_time`
+    says so). With `keep_best`, the best epoch's weights are put back into `model`. Returns
+    `evaluator`."""
     import time
 
-    from pipeline.finetuning.callbacks import Progress
-    from pipeline.training.callbacks import StopAt
-
-    label, fc = evaluator.label, plan.fc
+    label, fc, checkpoints = evaluator.label, plan.fc, plan.checkpoints
     total_steps, max_seconds = plan.total_steps, plan.max_seconds
     steps_per_epoch = updates_per_epoch(len(train), fc)
     began = time.time()
     stop = StopAt(total_steps, max_seconds, lambda: time.time() - began)
+    guard = evaluator.guard = NonFiniteGuard()
     fit(model, train, plan, evaluator,
-        [stop, evaluator,
+        [guard, stop, evaluator,
          Progress(max(10, steps_per_epoch // 4), total_steps, fc.batch_size * accumulation(fc),
                   to_mlflow=evaluator.to_mlflow, label=label)])
+    if guard.bad_step is not None:
+        from pipeline.finetuning.task_model import FinetuneError
+
+        found = checkpoints.found() if checkpoints is not None else []
+        key = "distill." if label.startswith("distill") else "finetune."
+        raise FinetuneError(f"{label}: " + guard.error(found[-1] if found else None, (
+            f"Lower {key}learning_rate (now {fc.learning_rate:g}) or raise {key}warmup_fraction "
+            f"(now {fc.warmup_fraction:g}), clip with finetune.clipnorm (now {fc.clipnorm:g}), "
+            f"or change finetune.precision (now {fc.precision})")))
     evaluator.stopped_for_time = stop.stopped_early
     if stop.stopped_early:
         step = evaluator.history[-1]["step"] if evaluator.history else 0

@@ -32,11 +32,11 @@ import numpy as np
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.finetuning import runtime, tasks
-from pipeline.finetuning.callbacks import EpochEvaluator
 from pipeline.finetuning.context import RunContext
 from pipeline.finetuning.outputs import _report, compare_with_baselines, write_and_log
 from pipeline.finetuning.task_model import FinetuneError
 from pipeline.tracking import outbox
+from pipeline.training.callbacks import EpochEvaluator
 
 log = logging.getLogger(__name__)
 

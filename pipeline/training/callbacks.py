@@ -1,6 +1,8 @@
-"""Keras callbacks of the training loops: per-step logs and MLflow metrics (`StepLogger`),
-the non-finite guard, the checkpoint writer, and `StopAt` (stop after N optimizer updates,
-used by pretraining and fine-tuning alike).
+"""Keras callbacks of both trainers, pretraining (training/loop.py) and fine-tuning
+(finetuning/runtime.py): progress (a bar on a terminal, periodic lines, the step metrics to
+MLflow through the outbox: `StepLogger`, fine-tuning's `Progress`), the non-finite guard,
+checkpoint writing (`write_aside`, `prune`; pretraining's `Checkpointer`), `StopAt` (N updates
+or a time budget); fine-tuning's `EpochEvaluator`, pretraining's schedule clock and probe.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -19,12 +22,7 @@ import numpy as np
 from pipeline import artifacts
 from pipeline import logs as log_lib
 from pipeline.tracking import outbox
-from pipeline.training.checkpoints import (
-    CHECKPOINT_RE,
-    global_step,
-    seed_states,
-    seeds_file,
-)
+from pipeline.training.checkpoints import CHECKPOINT_RE, global_step, seed_states, seeds_file
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +42,8 @@ def scalar_logs(logs) -> dict:
 
 class NonFiniteGuard(keras.callbacks.Callback):
     """Stops training at the first non-finite loss (or, unless float16 loss scaling is on,
-    gradient norm); the Checkpointer then writes nothing, so the last good checkpoint stays
-    the newest."""
+    gradient norm) or weight (`allows_save`); the checkpoint writers then write nothing, so
+    the last good checkpoint stays the newest; `error` says so in one line."""
 
     def __init__(self, check_grad_norm: bool = True):
         super().__init__()
@@ -63,10 +61,27 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 self.model.stop_training = True
                 return
 
+    def allows_save(self, model) -> bool:
+        """Whether `model` may be checkpointed: nothing non-finite seen, every weight finite."""
+        if self.bad_step is None and not all(
+                np.isfinite(keras.ops.convert_to_numpy(w)).all() for w in model.weights):
+            self.bad_step, self.what = global_step(model), "a weight became inf or NaN"
+            model.stop_training = True
+        return self.bad_step is None
+
+    def error(self, latest: tuple | None, advice: str) -> str:
+        """What stopped training, where, the checkpoint kept (`latest`: (step, path)), `advice`."""
+        kept = (f"the last good checkpoint {latest[1].name} (step {latest[0]}) is kept"
+                if latest else "no checkpoint was written")
+        return (f"training stopped at step {self.bad_step}: {self.what} (not finite); {kept}. "
+                f"{advice}")
+
 
 class StepLogger(keras.callbacks.Callback):
-    """Every `every` optimizer updates: losses, accuracies, learning rate, gradient norm,
-    examples/s, tokens/s and model FLOP utilisation to MLflow and the log.
+    """Progress of a training, pretraining's lines and metrics: every `every` optimizer
+    updates (and at the last, `total_steps`) losses, accuracies, learning rate, gradient norm,
+    examples/s, tokens/s and model FLOP utilisation to MLflow (through the outbox: kept if the
+    store is down) and a line to the log; `history` keeps (step, metrics).
 
     `examples_per_update` = global batch × accumulation steps. `mfu` = model FLOPs per second
     (`flops_per_token` × tokens/s, see models/flops.py) over `peak_flops` (omitted if 0).
@@ -74,6 +89,9 @@ class StepLogger(keras.callbacks.Callback):
     When stdout is a terminal a progress bar (ETA, loss, tokens/s) moves every update and
     those lines go to the log file only (pipeline/logs.py `progress_bar`).
     """
+
+    # the bar's name, kept once done; a line at the last step; {metric: MLflow name} (None: all)
+    label, leave, at_last, tracked = "train", True, True, None
 
     def __init__(self, every: int, total_steps: int, batch_size: int, seq_length: int,
                  to_mlflow: bool = True, examples_per_update: int | None = None,
@@ -94,7 +112,7 @@ class StepLogger(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.last_time, self.last_step = time.time(), global_step(self.model)
         self.began = (self.last_time, self.last_step)
-        self.bar = log_lib.Bar(self.total, self.last_step, "train")
+        self.bar = log_lib.Bar(self.total, self.last_step, self.label, leave=self.leave)
 
     def on_train_end(self, logs=None):
         if self.bar is not None:
@@ -114,9 +132,11 @@ class StepLogger(keras.callbacks.Callback):
 
     def _postfix(self, step: int, batch_logs) -> str:
         seconds = max(time.time() - self.began[0], 1e-9)
-        tokens = (step - self.began[1]) * self.examples_per_update * self.seq_length / seconds
+        examples = (step - self.began[1]) * self.examples_per_update / seconds
         loss = scalar_logs({"loss": (batch_logs or {}).get("loss", np.nan)})["loss"]
-        return f"loss {loss:.4f}, {tokens:,.0f} tok/s"
+        if not self.seq_length:
+            return f"loss {loss:.4f}, {examples:,.0f} examples/s"
+        return f"loss {loss:.4f}, {examples * self.seq_length:,.0f} tok/s"
 
     def on_train_batch_end(self, batch, logs=None):
         step = global_step(self.model)
@@ -124,7 +144,8 @@ class StepLogger(keras.callbacks.Callback):
             if self.max_seconds and step % 10 == 0 and (left := self._left(step)):
                 self.bar.expect(left[1])
             self.bar.update(step, lambda: self._postfix(step, logs))
-        if step == self.last_step or (step % self.every and step < self.total):
+        if step == self.last_step or (step % self.every and (step < self.total
+                                                            or not self.at_last)):
             return  # a micro-batch inside an update, or not a logging step
         now = time.time()
         elapsed = max(now - self.last_time, 1e-9)
@@ -139,19 +160,80 @@ class StepLogger(keras.callbacks.Callback):
                               / self.peak_flops)
         self.last_time, self.last_step = now, step
         self.history.append((step, metrics))
-        if self.to_mlflow:
-            outbox.log_metrics(metrics, step=step)  # kept if the tracking store is down
+        if self.to_mlflow:  # kept if the store is down
+            outbox.log_metrics(metrics if self.tracked is None else {
+                name: metrics.get(key, np.nan) for key, name in self.tracked.items()}, step=step)
+        (self.bar.line if self.bar is not None else log.info)(self.line(step, metrics))
+
+    def line(self, step: int, metrics: dict) -> str:
         mfu = f"  mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
         left = self._left(step) if step < self.total else None
         eta = f"  eta {int(left[0]) // 60}m {int(left[0]) % 60:02d}s" if left else ""
         # no NSP accuracy without the NSP loss (train.nsp_weight 0, data.objective: mlm)
         nsp = f"nsp_acc {metrics['nsp_accuracy']:.3f}  " if "nsp_accuracy" in metrics else ""
-        (self.bar.line if self.bar is not None else log.info)(
-                 f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
-                 f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
-                 f"lr {metrics['learning_rate']:.2e}  "
-                 f"gnorm {metrics.get('grad_norm', float('nan')):.3g}  "
-                 f"{metrics['tokens_per_second']:,.0f} tok/s{mfu}{eta}")
+        return (f"step {step}/{self.total}  loss {metrics.get('loss', float('nan')):.4f}  "
+                f"mlm_acc {metrics.get('mlm_accuracy', float('nan')):.3f}  {nsp}"
+                f"lr {metrics['learning_rate']:.2e}  "
+                f"gnorm {metrics.get('grad_norm', float('nan')):.3g}  "
+                f"{metrics['tokens_per_second']:,.0f} tok/s{mfu}{eta}")
+
+
+class Progress(StepLogger):
+    """Fine-tuning's progress (multi-task training's, distillation's): every `every` updates
+    `<label>: step N/M  loss L  R examples/s`, `train_loss` and `examples_per_second` to
+    MLflow; `batch_size`: the examples of one update. One `fit` per epoch: a bar per epoch."""
+
+    leave, at_last = False, False
+    tracked = {"loss": "train_loss", "examples_per_second": "examples_per_second"}
+
+    def __init__(self, every: int, total: int, batch_size: int, to_mlflow: bool = True,
+                 label: str = "finetune"):
+        super().__init__(every, total, batch_size, 0, to_mlflow)
+        self.label = label
+
+    def line(self, step: int, metrics: dict) -> str:
+        return (f"{self.label}: step {step}/{self.total}  loss "
+                f"{metrics.get('loss', np.nan):.4f}  {metrics['examples_per_second']:,.0f} "
+                f"examples/s")
+
+
+class EpochEvaluator(keras.callbacks.Callback):
+    """Fine-tuning's validation after every epoch: the metrics, logged (the line and MLflow,
+    through the outbox); the best epoch's weights kept.
+    `train_logs`: more of the epoch's training logs to keep in the history, {log key: history
+    key} (a model whose `train_step` reports several losses)."""
+
+    def __init__(self, evaluate_fn, metric: str, to_mlflow: bool, label: str = "finetune",
+                 train_logs: dict | None = None):
+        super().__init__()
+        self.evaluate_fn, self.metric = evaluate_fn, metric
+        self.to_mlflow, self.label = to_mlflow, label
+        self.train_logs = dict(train_logs or {})
+        self.best, self.best_epoch, self.best_weights, self.history = -np.inf, -1, None, []
+        self.best_result = None
+        self.stopped_for_time = False  # set by the trainer: finetune.max_seconds ended training
+        self.guard = None  # the trainer's NonFiniteGuard: no evaluation once it has tripped
+        self.start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.guard is not None and self.guard.bad_step is not None:
+            return
+        result = self.evaluate_fn()
+        step = global_step(self.model)
+        entry = {"epoch": epoch + 1, "step": step,
+                 "train_loss": float((logs or {}).get("loss", np.nan)),
+                 **{key: float((logs or {}).get(k, np.nan)) for k, key in self.train_logs.items()},
+                 **{f"val_{k}": v for k, v in result.items() if isinstance(v, float)}}
+        self.history.append(entry)
+        if self.to_mlflow:  # kept if the tracking store is down (pipeline/tracking/outbox.py)
+            outbox.log_metrics({k: v for k, v in entry.items() if k not in ("epoch", "step")},
+                               step=step)
+        value = result[self.metric]
+        log.info(f"{self.label}: epoch {epoch + 1}  step {step}  loss {entry['train_loss']:.4f}  "
+                 f"validation {self.metric} {value:.4f}  ({time.time() - self.start:.0f} s)")
+        if value > self.best:
+            self.best, self.best_epoch, self.best_result = value, epoch + 1, result
+            self.best_weights = self.model.get_weights()
 
 
 class StopAt(keras.callbacks.Callback):
@@ -198,40 +280,21 @@ class Checkpointer(keras.callbacks.Callback):
         self.clock = clock  # training seconds so far (HeldOutProbe.train_seconds), kept beside
 
     def save(self):
-        if self.guard is not None and self.guard.bad_step is not None:
-            return
         step = global_step(self.model)
-        if not self.write or (self.dir / f"ckpt-{step:08d}.weights.h5").exists():
+        final = self.dir / f"ckpt-{step:08d}.weights.h5"
+        if not self.write or final.exists():
             return
-        if self.guard is not None and not all(
-                np.isfinite(keras.ops.convert_to_numpy(w)).all() for w in self.model.weights):
-            self.guard.bad_step, self.guard.what = step, "a weight became inf or NaN"
-            self.model.stop_training = True
+        if self.guard is not None and not self.guard.allows_save(self.model):
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         artifacts.remove_strays(self.dir, ".tmp-*.weights.h5")  # a killed run's half checkpoint
-        tmp = self.dir / f".tmp-{os.getpid()}.weights.h5"
-        # HDF5 is written in memory and the bytes to disk by plain Python: a write that fails
-        # (a full disk) is then an ordinary OSError, with no HDF5 file left half-open (whose
-        # flush fails again at exit and crashes the interpreter).
-        buffer = _WeightsBuffer()
-        self.model.save_weights(buffer)
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(buffer.getbuffer())
-        except BaseException:  # no half-written file stays behind
-            tmp.unlink(missing_ok=True)
-            raise
-        final = self.dir / f"ckpt-{step:08d}.weights.h5"
         artifacts.write_text_atomic(seeds_file(final), json.dumps(seed_states(self.model)))
-        os.replace(tmp, final)
+        write_aside(final, lambda tmp: write_weights(self.model, tmp))
         artifacts.write_text_atomic(self.dir / "config.yaml", self.config_yaml)
         latest = {"step": step, **({"train_seconds": self.clock()} if self.clock else {})}
         artifacts.write_text_atomic(self.dir / "latest.json", json.dumps(latest))
-        old = sorted(p for p in self.dir.glob("ckpt-*.weights.h5") if CHECKPOINT_RE.search(p.name))
-        for path in old[:-self.keep]:
-            path.unlink()
-            seeds_file(path).unlink(missing_ok=True)
+        prune(sorted(p for p in self.dir.glob("ckpt-*.weights.h5")
+                     if CHECKPOINT_RE.search(p.name)), self.keep)
 
     def on_epoch_end(self, epoch, logs=None):
         self.save()
@@ -246,6 +309,41 @@ class _WeightsBuffer(io.BytesIO):
 
     def __str__(self) -> str:
         return "checkpoint.weights.h5"
+
+
+def write_weights(model, path: Path) -> None:
+    """`model`'s (and its optimizer's) `.weights.h5` at `path`, the HDF5 written in memory and
+    the bytes to disk by plain Python: a failed write (a full disk) is an ordinary OSError,
+    with no HDF5 file left half-open (whose flush fails again at exit, crashing Python)."""
+    buffer = _WeightsBuffer()
+    model.save_weights(buffer)
+    Path(path).write_bytes(buffer.getbuffer())
+
+
+def write_aside(final: Path, fill) -> None:
+    """A checkpoint (file or folder) written by `fill(tmp)` beside `final` as
+    `.tmp-<pid>-<name>`, then renamed to `final`: whole or absent."""
+    tmp = final.parent / f".tmp-{os.getpid()}-{final.name}"
+    try:
+        fill(tmp)
+        os.replace(tmp, final)
+    except BaseException:  # no half-written checkpoint stays behind
+        _remove(tmp)
+        raise
+
+
+def prune(checkpoints: list[Path], keep: int) -> None:
+    """Deletes all but the newest `keep` of `checkpoints` (oldest first)."""
+    for path in checkpoints[:-keep]:
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+        seeds_file(path).unlink(missing_ok=True)
 
 
 # Held-out MLM accuracy levels whose first crossing is recorded (time to accuracy).

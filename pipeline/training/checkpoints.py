@@ -1,6 +1,6 @@
 """Checkpoint files of pretraining: finding the latest, the global step, weight digests, and
-starting a phase from the previous phase's weights. The callback that writes them (and keeps
-the newest train.keep_checkpoints) is `pipeline.training.callbacks.Checkpointer`.
+starting a phase from the previous phase's weights. They are written (and the newest
+train.keep_checkpoints kept) by `pipeline.training.callbacks.Checkpointer`.
 
 A checkpoint is `ckpt-<step>.weights.h5` (Keras' own weights file: model and optimizer
 variables, readable on every Keras backend) with `ckpt-<step>.seeds.json` beside it (the
@@ -12,10 +12,9 @@ private `_write` (TensorFlow's format: `<prefix>.index` + `<prefix>.data-*-of-*`
 (a `.seeds.json` would stay behind forever), keeps its own list in a `checkpoint` state file
 (which would disagree with the files after a kill between a write and its rotation, or after
 `--force` set checkpoints aside), and names files `<name>-<n>` with no zero padding (ours
-are `ckpt-<8-digit step>`, which sort by name and which resume parses). Our rotation is five lines
-in `Checkpointer.save`: after the new checkpoint is complete (written aside, moved into
-place), delete the oldest `.weights.h5` and its `.seeds.json` beyond the newest `keep`,
-ordered by the step in the name (tests/test_training.py
+are `ckpt-<8-digit step>`, which sort by name and which resume parses). Ours, shared with
+fine-tuning (`callbacks.prune`): once the new checkpoint is complete, delete the oldest beyond
+the newest `keep`, seeds included (tests/test_training.py
 `test_checkpoint_rotation_keeps_the_newest_with_their_seeds`).
 """
 

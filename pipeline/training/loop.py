@@ -19,15 +19,8 @@ from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
 from pipeline.training import general_text
 from pipeline.training import strategy as strategy_lib
-from pipeline.training.callbacks import (
-    Checkpointer,
-    HeldOutProbe,
-    NonFiniteGuard,
-    ScheduleClock,
-    StepLogger,
-    StopAt,
-    scalar_logs,
-)
+from pipeline.training.callbacks import (Checkpointer, HeldOutProbe, NonFiniteGuard,
+                                         ScheduleClock, StepLogger, StopAt, scalar_logs)
 from pipeline.training.checkpoints import (
     checkpoint_seconds,
     global_step,
@@ -191,17 +184,13 @@ def train_phase(phase: Phase, paths: Artifacts, strategy, vocabulary_size: int, 
             if warmup is not None:  # saved (and passed on) with every layer trainable
                 model.train_everything()
         if guard.bad_step is not None:
-            last = latest_checkpoint(phase.checkpoint_dir)
-            kept = (f"the last good checkpoint {last[1].name} (step {last[0]}) is kept and a "
-                    f"re-run resumes from it" if last else "no checkpoint was written")
             key = f"train.phases[{phase.index - 1}]." if phase.index else "train."
-            raise PretrainError(
-                f"{'' if not phase.index else phase.name + ': '}"
-                f"training stopped at step {guard.bad_step}: {guard.what} (not finite); {kept}. "
+            raise PretrainError(f"{'' if not phase.index else phase.name + ': '}" + guard.error(
+                latest_checkpoint(phase.checkpoint_dir),
                 f"Lower {key}learning_rate (now {tc.learning_rate:g}) or lengthen "
                 f"{key}warmup_steps (now {tc.warmup_steps}), clip harder with train.clipnorm "
                 f"(now {tc.clipnorm:g}; 1.0 is BERT's), or change train.precision (now "
-                f"{tc.precision}; mixed_float16 overflows most easily, float32 least)")
+                f"{tc.precision}; mixed_float16 overflows most easily, float32 least)"))
         if stop.stopped_early:
             log.info(f"{prefix}: stopped at step {global_step(model)} after {clock():,.0f} s of "
                      f"training (train.max_seconds = {tc.max_seconds:g}); evaluating and exporting")
