@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(not artifacts.BROWN_TARBALL.is_file(), reason="needs `make setup` (Brown)")
 def test_quick_python_side_alternates_fresh_processes_and_reports_medians(tmp_path):
-    pytest.importorskip("tokenizers")
-    pytest.importorskip("bert")  # Google's FullTokenizer (bert-tensorflow)
+    import bert  # noqa: F401  Google's FullTokenizer (bert-tensorflow, requirements-test.txt)
+    import tokenizers  # noqa: F401  (requirements-test.txt: `make test` installs both)
     done = subprocess.run(
         [sys.executable, "bench/bench_tokenizer.py", "--quick", "--sentences", "400", "--sides",
          "python", "--threads", "1", "--work", str(tmp_path)],
