@@ -261,7 +261,7 @@ cli-docs: $(STAMP)
 # Test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
 # so module fixtures are built once). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: test-setup
 	$(PYTEST)
 

@@ -140,8 +140,9 @@ def _new_sqlite_stores_from_one_migration(tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """Files with the most slow tests first. `make test` hands whole files to its workers in
-    this order, so the long files start early and the short ones fill the gaps at the end
-    (instead of one worker finishing a long file alone while the other waits)."""
+    this order (`--dist loadfile --no-loadscope-reorder`: without the second flag xdist
+    re-sorts the files by their number of tests), so the long files start early and the
+    short ones fill the gaps at the end instead of one worker finishing a long file alone."""
     slow = {}
     for item in items:
         slow[item.fspath] = slow.get(item.fspath, 0) + (item.get_closest_marker("slow") is not None)

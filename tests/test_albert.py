@@ -196,6 +196,7 @@ def test_config_accepts_albert_keys():
 
 
 # --- the pipeline, end to end ------------------------------------------------------------------
+@pytest.mark.slow
 def test_albert_pipeline_end_to_end(tmp_path, corpus_dir, capsys):
     """corpus → vocab → data (SOP) → pretrain with configs/albert_tiny.yaml, tracked in MLflow."""
     args = [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",

@@ -165,6 +165,7 @@ def test_vocab_job_spilling_and_merging_on_dask_is_byte_identical(tmp_path, corp
     assert got == expected
 
 
+@pytest.mark.slow
 def test_unreachable_dask_scheduler_is_exit_2_with_one_line(tmp_path, corpus_dir):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))

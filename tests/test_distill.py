@@ -150,6 +150,7 @@ def distill_config(folder, teacher, *overrides):
                                   "distill.num_layers=1", "distill.temperature=2.0", *overrides])
 
 
+@pytest.mark.slow
 def test_distill_stage_trains_a_smaller_student_and_logs_it(teacher_dir, sqlite_mlflow):  # noqa: F811
     folder, teacher = teacher_dir
     config = distill_config(folder, teacher, "distill.epochs=4", "distill.alpha=0.7",

@@ -139,6 +139,7 @@ def assert_same_curve(history, reference, rtol):
                                        err_msg=f"{key} at step {step}")
 
 
+@pytest.mark.slow
 def test_reference_run_clips_every_update(runs):
     assert all(metrics["grad_norm"] > 0.5 for _, metrics in runs["reference"]["history"])
     # train.jit_compile=auto, one replica on a CPU with the fused kernels: the update in XLA only

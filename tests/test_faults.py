@@ -22,9 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bench import fault_suite
 
 
+@pytest.mark.slow
 def test_kill_each_fast_stage_once_and_rerun(tmp_path):
     suite = fault_suite.Suite(tmp_path, log=lambda line: None)
     suite.build_reference(["corpus", "vocab", "data"])

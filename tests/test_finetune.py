@@ -75,6 +75,7 @@ def sqlite_mlflow(tmp_path):
     mlflow.set_tracking_uri(None)
 
 
+@pytest.mark.slow
 def test_classification_end_to_end_export_predict_and_registry(tmp_path, encoder_files,
                                                                sqlite_mlflow):
     """Single-sentence classification: train, evaluate, baselines, confusion matrix, export,
@@ -216,6 +217,7 @@ def serve_and_post(uri: str, model: str, text: str):
             server.wait()
 
 
+@pytest.mark.slow
 def test_sentence_pair_regression_export(tmp_path, encoder_files):
     """[CLS] A [SEP] B [SEP] inputs with a regression head (Pearson/Spearman); the exported
     two-input signature equals the in-memory model. (Pair classification is the classifier of
@@ -247,6 +249,7 @@ def test_sentence_pair_regression_export(tmp_path, encoder_files):
         predict._predict(args)
 
 
+@pytest.mark.slow
 def test_token_classification_first_piece_labels(tmp_path, encoder_files):
     rng = random.Random(2)
     lines = []
@@ -273,6 +276,7 @@ def test_token_classification_first_piece_labels(tmp_path, encoder_files):
     assert {t for r in rows for _, t in r["tags"]} <= {"O", "B-ANI", "B-LOC"}
 
 
+@pytest.mark.slow
 def test_question_answering_squad_v2(tmp_path, encoder_files):
     rng = random.Random(3)
     paragraphs = []

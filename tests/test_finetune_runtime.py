@@ -146,6 +146,7 @@ def test_mixed_float16_scales_the_loss(encoder_files):
     assert not isinstance(plain, keras.optimizers.LossScaleOptimizer)
 
 
+@pytest.mark.slow
 def test_steps_per_execution_and_xla_train_the_same_updates(encoder_files):
     """3 micro-batches per compiled call (8 per epoch: calls of 3, 3, 2; updates of 4 straddle
     them) and XLA with 4 per call: the weights of one batch per call without XLA."""
@@ -167,6 +168,7 @@ class Killed(Exception):
     """A simulated kill right after a checkpoint was written."""
 
 
+@pytest.mark.slow
 def test_checkpoints_resume_to_the_uninterrupted_run_bit_for_bit(encoder_files, tmp_path,
                                                                  monkeypatch):
     """Killed after the checkpoint at step 3 (inside epoch 1, accumulation and head dropout on),

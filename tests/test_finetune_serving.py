@@ -19,6 +19,7 @@ from tests.unicode_stress import assert_saved_model_tokenizes_by_the_contract
 from tests.test_finetune import ANIMALS, PLACES, encoder_files, quiet, sentence, sqlite_mlflow  # noqa: F401 - fixtures
 
 
+@pytest.mark.slow
 def test_sweep_cli_runs_the_grid_nested_and_reports_the_argmax(tmp_path, encoder_files,
                                                                sqlite_mlflow):
     """`python -m pipeline sweep`: exit 0; a stage run nested in the pipeline run, one child run
@@ -106,6 +107,7 @@ TAG_TEXTS = [
 ]
 
 
+@pytest.mark.slow
 def test_token_classification_saved_model_equals_python_tokenization(tmp_path, encoder_files):
     from pipeline.finetuning import features as features_lib
     from pipeline.finetuning import readers
@@ -159,6 +161,7 @@ QA = [
 ]
 
 
+@pytest.mark.slow
 def test_question_answering_saved_model_equals_python_tokenization(tmp_path, encoder_files,
                                                                    sqlite_mlflow):
     """SQuAD v2 rules (one export: ~30 s); the threshold is set so that on this fixture some

@@ -85,6 +85,7 @@ def test_a_general_text_that_matches_nothing_is_one_line(tmp_path):
     assert general_text.for_run(same, artifacts.Artifacts(run)) is None
 
 
+@pytest.mark.slow
 def test_continued_pretraining_logs_the_general_curve_and_what_it_lost(
         tmp_path, monkeypatch, caplog, encoder_only):  # noqa: F811
     no_export(monkeypatch)

@@ -185,6 +185,7 @@ def test_bad_glue_dir_or_task_names_exit_2(tmp_path, encoder_files):
     assert "Traceback" not in err and not (tmp_path / "run" / "finetune" / "glue_cola").exists()
 
 
+@pytest.mark.slow
 def test_export_switch_writes_the_saved_model_or_not(tmp_path, encoder_files):
     """finetune.export = true (the finetune stage's default): the raw-text SavedModel, checked
     against the in-memory model, and the submission file. False (configs/glue.yaml) is the

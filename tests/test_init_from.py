@@ -235,6 +235,7 @@ def test_continue_pretraining_from_an_encoder_only_cased_checkpoint(tmp_path, ca
 # ---------------------------------------------------------------------------
 # Fine-tuning straight from a checkpoint directory, cased through serving.
 # ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_finetune_from_a_cased_checkpoint_directory_serves_cased(tmp_path, cased_encoder_dir):
     from pipeline.finetuning import train as finetuning
 

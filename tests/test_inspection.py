@@ -112,6 +112,7 @@ def encoder_model(files):
 # --- tokenizer ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tokenizer_builds_bert_inputs_with_literal_mask(files):
     tokenizer = files["tokenizer"]
     inputs = tokenizer.encode([("The cat sat on the [MASK].", "The dog ran."), ("a bird", None)],

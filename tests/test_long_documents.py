@@ -271,6 +271,7 @@ def test_fixture_label_words_lie_beyond_the_first_window_and_windows_reach_them(
         assert pre.vocab.index(key) in f["token_ids"][d, -1]
 
 
+@pytest.mark.slow
 def test_windowed_model_learns_what_the_truncated_model_cannot(tail_fixture, tmp_path):
     """Same data, same encoder, same steps: the truncated model sees only filler (chance), the
     windowed one (mean of window logits) learns the label word in the documents' tail."""

@@ -82,6 +82,7 @@ def _head_kernel(task):
     return np.array(task.model.get_layer("logits").kernel)
 
 
+@pytest.mark.slow
 def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  # noqa: F811
     """weight 0: the topic head gets zero gradients (no weight decay here, so no change) while
     the tagger's head and the shared encoder train; weight 1: the topic head moves."""
@@ -110,6 +111,7 @@ def test_loss_weight_zero_leaves_its_head_unchanged(tmp_path, encoder_files):  #
     assert kernels[1.0]["topic"] > 1e-4
 
 
+@pytest.mark.slow
 def test_stage_logs_per_task_metrics_and_the_single_task_comparison(tmp_path, encoder_files,  # noqa: F811
                                                                    sqlite_mlflow):  # noqa: F811
     write_fixtures(tmp_path)

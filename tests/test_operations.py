@@ -10,6 +10,7 @@ import sys
 import time
 
 import mlflow
+import pytest
 
 from pipeline import artifacts, cli
 from pipeline.stages import vocab as vocab_stage
@@ -32,6 +33,7 @@ def stage_runs(tmp_path):
     return parents, children
 
 
+@pytest.mark.slow
 def test_lineage_reuse_and_corpus_change(tmp_path, corpus_dir, capsys, monkeypatch):
     args = ["all", "--config", "configs/test_tiny.yaml", *overrides(tmp_path, corpus_dir)]
     assert cli.main(args) == cli.EXIT_OK
@@ -110,6 +112,7 @@ def wait_for(predicate, timeout, what, every=0.2):
         time.sleep(every)
 
 
+@pytest.mark.slow
 def test_lock_and_resume_after_kill(tmp_path, corpus_dir, capsys):
     """A run killed with kill -9 in the middle of training: while it lives, a second invocation
     on its run directory stops at once (exit 4, naming it); a re-run resumes from the last

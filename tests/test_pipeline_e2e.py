@@ -124,6 +124,7 @@ def finished_run(tmp_path_factory):
     return root, args
 
 
+@pytest.mark.slow
 def test_exported_models_reload_with_same_outputs(finished_run):
     import keras
     import tensorflow as tf

@@ -134,6 +134,7 @@ def test_train_phases_config_is_validated():
     assert [p.steps for p in config_lib.train_phases(plain)] == [6, 6]
 
 
+@pytest.mark.slow
 def test_two_phases_train_in_turn_each_its_own_run(tmp_path, monkeypatch):
     write_phase_data(tmp_path / "run")
     exported, starts, lines = [], [], []
@@ -185,6 +186,7 @@ def test_two_phases_train_in_turn_each_its_own_run(tmp_path, monkeypatch):
     assert json.loads(paths.pretrain_eval.read_text())["step"] == 2
 
 
+@pytest.mark.slow
 def test_two_phase_resume_skips_a_finished_phase_and_continues_its_runs(tmp_path, monkeypatch):
     """Killed after phase 2's first checkpoint; the re-run skips phase 1, resumes phase 2 from
     its checkpoint, and continues the same pretrain and phase 2 MLflow runs."""
@@ -220,6 +222,7 @@ def test_two_phase_resume_skips_a_finished_phase_and_continues_its_runs(tmp_path
     assert phase1.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
 
 
+@pytest.mark.slow
 def test_resumed_training_continues_the_same_mlflow_run(tmp_path, monkeypatch):
     """No phases: 3 of 6 steps, killed, re-run: one pretrain run, metrics for steps 1..6."""
     write_pretraining_data(tmp_path / "run")

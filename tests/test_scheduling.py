@@ -6,11 +6,14 @@ import importlib.util
 import os
 import subprocess
 
+import pytest
+
 from pipeline import artifacts
 
 PROJECT = artifacts.PROJECT_ROOT
 
 
+@pytest.mark.slow
 def test_entry_point_exit_codes_and_airflow_command(tmp_path, corpus_dir):
     extra = [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",
              f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]

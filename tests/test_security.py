@@ -77,6 +77,7 @@ def test_servers_listen_on_localhost_unless_told_otherwise():
     assert "--host 0.0.0.0" in told
 
 
+@pytest.mark.slow
 def test_every_saved_model_loads_in_a_fresh_process(tmp_path):
     """Saved models name the project's classes; the loaders register them first (a fresh
     process that imported nothing else loads a pretrainer for fine-tuning), and every load

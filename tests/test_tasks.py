@@ -95,6 +95,7 @@ def toy_task():
     task_registry.remove("first_word_topic")
 
 
+@pytest.mark.slow
 def test_a_new_task_is_one_class(tmp_path, encoder_files, toy_task):
     """Registering the class is all it takes: the config accepts it (with its own datasets),
     the finetune stage trains, evaluates and exports it, `make predict` answers with it."""

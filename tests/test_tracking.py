@@ -84,6 +84,7 @@ def rest(server: str, path: str, body=None) -> dict:
         return json.load(response)
 
 
+@pytest.mark.slow
 def test_pipeline_runs_through_a_server_and_its_rest_api(mlflow_server, monkeypatch, tmp_path,
                                                          corpus_dir):
     """MLFLOW_TRACKING_URI=http://... : the pipeline records its runs and artifacts on the server."""

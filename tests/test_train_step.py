@@ -83,6 +83,7 @@ def test_grad_accumulation_matches_the_large_batch(tmp_path, optimizer="adamw"):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_nsp_weight_scales_the_sentence_loss(tmp_path):
     """train.nsp_weight w: the total loss is MLM + w × NSP; w = 0 (or data.objective: mlm) is
     MLM only, with no NSP accuracy (the head is not trained); NSP's own loss is still shown."""

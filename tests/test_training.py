@@ -269,6 +269,7 @@ def test_gpu_bench_runs_tiny_without_tensorflow():
     assert any("seq/s median (min-max)" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_pipeline_turns_onednn_on_before_tensorflow_loads():
     """TensorFlow picks oneDNN itself only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX (Eigen
     on AVX2-only ones, ~1.4x slower at BERT's matmuls): importing `pipeline` or `models`
