@@ -23,7 +23,7 @@ PROJECT = artifacts.PROJECT_ROOT
 def overrides(tmp_path, corpus_dir):
     return [f"run_dir={tmp_path / 'run'}", f"corpus.path={corpus_dir}/*.txt",
             f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-            "tracking.experiment=e2e"]
+            "tracking.experiment=e2e", "tracking.attention_maps=true"]
 
 
 def runs_of(tmp_path):

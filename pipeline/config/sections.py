@@ -261,6 +261,8 @@ class TrackingConfig:
                                 "else a SQLite file in the project")
     register_encoder: bool = key(True, "log the pretrained encoder as an MLflow model (text -> "
                                        "embedding) and register it")
+    attention_maps: bool = key(True, "pretraining also draws attention maps of a few probe "
+                                     "sentences for reviewers (plots/attention; a few seconds)")
     encoder_name: str = key("", "its registered name; empty: bert-encoder-<run> (the run directory's "
                                 "name); finetune.init_from takes models:/<name>@<alias>")
     retry_seconds: float = key(30.0, "while the tracking store does not answer, what stages log "

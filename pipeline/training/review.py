@@ -56,8 +56,8 @@ def curves_figure(history: list, heldout: list | None = None, title: str = "",
 
 
 def review_plots(model, config: Config, paths: Artifacts, history: list) -> None:
-    """Images for reviewers in the MLflow UI: the loss curves of this run and attention maps of
-    a few fixed probe sentences. A plotting failure is reported, never fatal to a finished run."""
+    """Images for reviewers in the MLflow UI: the loss curves of this run and (with
+    tracking.attention_maps) attention maps of a few fixed probe sentences. A plotting failure is reported, never fatal to a finished run."""
     try:
         if history:
             heldout = None
@@ -71,6 +71,8 @@ def review_plots(model, config: Config, paths: Artifacts, history: list) -> None
             curves = paths.pretrain_dir / "training_curves.png"
             figure.savefig(curves)
             outbox.log_artifact(curves, "plots")
+        if not config.tracking.attention_maps:
+            return
         from pipeline.inspection import plots
 
         out_dir = paths.pretrain_dir / "attention"
