@@ -25,6 +25,10 @@ from pipeline.stages import pretrain
 from test_training import tiny_config, write_pretraining_data
 from tests.conftest import PipelineLines
 
+# Every test reads the module's one set of runs (two workers, mirrored, the reference):
+# about two minutes, so the whole file is slow.
+pytestmark = pytest.mark.slow
+
 PROJECT = artifacts.PROJECT_ROOT
 RTOL = 1e-4
 # Global batch 8 (4 per replica), clipping at 0.5 (every gradient norm here is above it),
@@ -139,7 +143,6 @@ def assert_same_curve(history, reference, rtol):
                                        err_msg=f"{key} at step {step}")
 
 
-@pytest.mark.slow
 def test_reference_run_clips_every_update(runs):
     assert all(metrics["grad_norm"] > 0.5 for _, metrics in runs["reference"]["history"])
     # train.jit_compile=auto, one replica on a CPU with the fused kernels: the update in XLA only

@@ -182,6 +182,7 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, corpus_dir):
     assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "corpus").exists()
 
 
+@pytest.mark.slow  # reads the module's finished run (a whole pipeline)
 def test_vocab_without_mask_stops_data_stage(tmp_path, finished_run, capsys):
     """A prepared corpus and a vocab without [MASK] (the finished run's, copied): the data stage
     stops with exit 2 and one line, and makes no data folder. Edited after the vocab stage, the
