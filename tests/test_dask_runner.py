@@ -165,19 +165,28 @@ def test_vocab_job_spilling_and_merging_on_dask_is_byte_identical(tmp_path, corp
     assert got == expected
 
 
-@pytest.mark.slow
-def test_unreachable_dask_scheduler_is_exit_2_with_one_line(tmp_path, corpus_dir):
+def test_unreachable_dask_scheduler_is_exit_2_with_one_line(tmp_path, corpus_dir, capsys,
+                                                            monkeypatch):
+    """In this process (the CLI's own error path; a subprocess would add its imports only)."""
+    from pipeline import cli
+
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     address = f"tcp://127.0.0.1:{port}"
     beam_args = json.dumps(["--runner=DaskRunner", f"--dask_client_address={address}"])
-    result = run_cli("corpus", "vocab", "--config", "configs/test_tiny.yaml",
-                     *overrides(tmp_path, corpus_dir, "run"), f"data.beam_args={beam_args}")
-    assert result.returncode == 2, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    monkeypatch.delenv(artifacts.RUN_ROOT_VARIABLE, raising=False)
+    old_root = artifacts.RUN_ROOT
+    try:
+        code = cli.main(["corpus", "vocab", "--config", "configs/test_tiny.yaml",
+                         *overrides(tmp_path, corpus_dir, "run"), f"data.beam_args={beam_args}"])
+    finally:
+        artifacts.set_run_root(old_root)
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"no Dask scheduler answers at {address}" in errors[0]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in err
     assert not (tmp_path / "run" / "vocab").exists()
 
 
