@@ -146,9 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the text, the vocab and result.json")
     protocol.add_arguments(parser)
     machine.add_quick(parser, QUICK)
-    parser.add_argument("--role", choices=("contender",), help=argparse.SUPPRESS)
-    parser.add_argument("--side", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--name", default="", help=argparse.SUPPRESS)
+    protocol.add_contender_flags(parser, argparse.SUPPRESS, "--side", "--name")
     return parser
 
 
@@ -184,17 +182,10 @@ def contender_main(args) -> int:
 
 
 def run_contender(args, side: str, name: str) -> dict:
-    import json
-
-    done = protocol.run_command(
+    return protocol.run_contender(
         [sys.executable, str(Path(__file__).resolve()), "--role", "contender", "--side", side,
-         "--name", name, "--work", str(args.work)], timeout=3600,
-        env=protocol.child_env(args.threads, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"))
-    results = [line for line in done["stdout"].splitlines() if line.startswith("RESULT ")]
-    if done["code"] or not results:
-        lines = [line for line in done["stderr"].splitlines() if line.strip()] or ["no output"]
-        return {"error": f"exit {done['code']}: {lines[-1][:160]}"}
-    return json.loads(results[-1][len("RESULT "):])
+         "--name", name, "--work", str(args.work)], args.threads, PYTHONPATH=str(ROOT),
+        TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def main(argv=None) -> int:

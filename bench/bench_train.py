@@ -103,9 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where result.json goes")
     protocol.add_arguments(parser)
     machine.add_quick(parser, QUICK)
-    parser.add_argument("--role", choices=("contender",), help=argparse.SUPPRESS)
-    parser.add_argument("--contender", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--preset", default="", help=argparse.SUPPRESS)
+    protocol.add_contender_flags(parser, argparse.SUPPRESS, "--contender", "--preset")
     return parser
 
 
@@ -334,19 +332,12 @@ def contender_main(args) -> int:
 
 def run_contender(args, preset: str, key: str) -> dict:
     """One contender in a fresh process with the pinned threads; its figures, or {"error"}."""
-    import json
-
     command = [sys.executable, str(Path(__file__).resolve()), "--role", "contender",
                "--contender", key, "--preset", preset, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--batch", str(args.batch), "--jit", args.jit,
                "--peak-seconds", str(args.peak_seconds)]
-    done = protocol.run_command(command, timeout=3600, env=protocol.child_env(
-        args.threads, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
-    results = [line for line in done["stdout"].splitlines() if line.startswith("RESULT ")]
-    if done["code"] or not results:
-        lines = [line for line in done["stderr"].splitlines() if line.strip()] or ["no output"]
-        return {"error": f"exit {done['code']}: {lines[-1][:160]}"}
-    return json.loads(results[-1][len("RESULT "):])
+    return protocol.run_contender(command, args.threads, PYTHONPATH=str(ROOT),
+                                  TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def main(argv=None) -> dict:

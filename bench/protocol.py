@@ -140,6 +140,27 @@ def run_rounds(contenders: Sequence[tuple[str, Callable[[int], dict]]], repeat: 
     return rounds
 
 
+def add_contender_flags(parser, hidden, *flags: str) -> None:
+    """The flags of a contender's own process, hidden from --help (`hidden`: the parsers'
+    SUPPRESS): --role contender and each of `flags` (e.g. "--side"), a string."""
+    parser.add_argument("--role", choices=("contender",), help=hidden)
+    for flag in flags:
+        parser.add_argument(flag, default="", help=hidden)
+
+
+def run_contender(command: Sequence[str], threads: int, **env: str) -> dict:
+    """One contender in a fresh process with the pinned threads (and `env`); the figures it
+    printed as its last `RESULT {json}` line, or {"error"}."""
+    import json
+
+    done = run_command(command, timeout=3600, env=child_env(threads, **env))
+    results = [line for line in done["stdout"].splitlines() if line.startswith("RESULT ")]
+    if done["code"] or not results:
+        lines = [line for line in done["stderr"].splitlines() if line.strip()] or ["no output"]
+        return {"error": f"exit {done['code']}: {lines[-1][:160]}"}
+    return json.loads(results[-1][len("RESULT "):])
+
+
 def run_command(command: Sequence[str], env: dict | None = None, timeout: float = 600) -> dict:
     """A contender that is one command: runs it (a fresh process) and returns its exit code,
     wall seconds and output."""

@@ -304,8 +304,9 @@ def _failed(err: Exception, config, stage: str = "") -> int:
 def _stage_run(stage: str, config, options) -> dict:
     """Imports the stage's module (within its log: TensorFlow's start-up lines go there) and
     runs it; `options`: stage -> keyword arguments of its `run` (glue's --tasks)."""
-    return importlib.import_module(SPECS[stage].module).run(config,
-                                                            **(options or {}).get(stage, {}))
+    spec = SPECS[stage]
+    return getattr(importlib.import_module(spec.module), spec.function)(
+        config, **(options or {}).get(stage, {}))
 
 
 def _keep_log(path: Path, run_id: str) -> None:

@@ -22,12 +22,9 @@ those). Each step (pretrain, finetune-<task>, evaluate, promote) runs as the CLI
 run as logs/<step>.log; the console shows its start and end, warnings and errors. A cycle killed at any point is continued by the next invocation with the same files; its
 completed steps are not done again (the pretraining resumes from its checkpoint).
 
-Why here: the cycle runs stages, and it runs them through the CLI's own runner (`cli._run`), so
-each step gets what `python -m pipeline` gives a stage: the lock, caching and lineage, checksums,
-resume, MLflow runs, the exit codes. The libraries may not import a stage or the CLI
-(import-linter, pyproject.toml), so this module sits beside cli.py at the top of the package; its
-library parts hold no stage: the cycles' state (pipeline/tools/cycle_state.py) and the report
-(pipeline/tools/cycle_report.py). cli.py names it by string in TOOLS (no import back: no cycle).
+Why beside cli.py: it runs stages through the CLI's own runner (`cli._run`: the lock, caching,
+lineage, checksums, resume, MLflow runs, exit codes), which no library may import (pyproject.toml);
+cli.py names it by string in TOOLS.
 """
 
 from __future__ import annotations
@@ -43,7 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import cli, logs
+from pipeline import artifacts, cli, logs
+from pipeline import config as config_lib
+from pipeline.config.load import cycle_tasks, find_config
+from pipeline.tools import cycle_state
 
 STEPS = ("all", "pretrain", "finetune", "evaluate", "promote")
 
@@ -81,10 +81,6 @@ def main(argv: list[str]) -> int:
         print("error: --task names the task of `--step finetune`; add --step finetune or drop "
               "--task", file=sys.stderr)
         return cli.EXIT_BAD_INPUT
-
-    from pipeline import artifacts, logs
-    from pipeline import config as config_lib
-
     try:
         config = config_lib.load(args.config, args.overrides)
         tasks = _check(config, args)
@@ -127,9 +123,6 @@ class StepFailed(Exception):
 def _check(config, args) -> list:
     """The cycle section and each task's config, loaded now: a bad one is exit 2 before any
     training."""
-    from pipeline import config as config_lib
-    from pipeline.config.load import cycle_tasks
-
     source = str(args.config)
     if not config.cycle.incoming:
         raise config_lib.ConfigError(f"{source}: key cycle.incoming is empty; set it to the glob "
@@ -152,9 +145,6 @@ def task_config(config, task, cycle_dir: Path | None, direct: str = ""):
     finetune/<task>_direct/: the first champion an adapted model must beat."""
     import yaml
 
-    from pipeline import artifacts
-    from pipeline import config as config_lib
-    from pipeline.config.load import find_config
     from pipeline.finetuning.outputs import registered_name
 
     where = f"{task.config} (cycle task {task.name})"
@@ -198,8 +188,6 @@ def direct_name(task: str) -> str:
 
 class Cycle:
     def __init__(self, config, args, tasks, root: Path):
-        from pipeline.tools import cycle_state
-
         self.config, self.args, self.tasks, self.root = config, args, tasks, root
         self.cycles = cycle_state.Cycles(root)
         self.record: dict = {}
@@ -207,8 +195,6 @@ class Cycle:
 
     # -- the steps ------------------------------------------------------------------------------
     def run(self, step: list) -> int:
-        from pipeline import artifacts
-
         args = self.args
         record = self.cycles.open_cycle()
         if args.step in ("all", "pretrain") and record is None:
@@ -288,9 +274,8 @@ class Cycle:
         and when it ends on the console, warnings and errors; everything else, with what the
         libraries and TensorFlow print, in <cycle>/logs/steps/<label>.log, also logged on the
         cycle's MLflow run (logs/<label>.log). -v: everything on the console too."""
-        from pipeline import logs
-
-        with logs.stage(label, self.dir / "logs" / "steps", self._keep_log):
+        keep = lambda path: cli._keep_log(path, self.record["mlflow_run_id"])
+        with logs.stage(label, self.dir / "logs" / "steps", keep):
             quiet = None if self.args.verbose else _StepLines()
             consoles = list(logging.getLogger(logs.NAME).handlers) if quiet else []
             for handler in consoles:
@@ -300,15 +285,6 @@ class Cycle:
             finally:
                 for handler in consoles:
                     handler.removeFilter(quiet)
-
-    def _keep_log(self, path: Path) -> None:
-        """A step's log file on the cycle's MLflow run, logs/<step>.log (its last 8 MB)."""
-        run_id = self.record.get("mlflow_run_id")
-        if not run_id:
-            return
-        from pipeline.tracking import outbox
-
-        outbox.log_text(logs.tail(path), f"logs/{path.name}", run_id)
 
     def _said(self, label: str) -> None:
         """After a step, on the console: what it decided (the step's log has the rest)."""
@@ -340,8 +316,6 @@ class Cycle:
             log.warning(f"cycle: could not mark run {run_id} FAILED ({str(err)[:120]})")
 
     def _require(self, step: str) -> None:
-        from pipeline import artifacts
-
         before = {"finetune": ["pretrain"], "evaluate": ["pretrain", "finetune"],
                   "promote": ["pretrain", "finetune", "evaluate"]}.get(step, [])
         for needed in before:
@@ -368,9 +342,6 @@ class Cycle:
         return False
 
     def pretrain(self) -> int:
-        from pipeline import artifacts
-        from pipeline import config as config_lib
-
         if self._done("pretrain"):
             return 0
         record, cc = self.record, self.config.cycle
@@ -438,7 +409,6 @@ class Cycle:
 
     def evaluate(self) -> int:
         """Each task's test metric against the champion's on the same split; the report."""
-        from pipeline import artifacts
         from pipeline.tools import cycle_report
 
         if self._done("evaluate"):
@@ -469,8 +439,6 @@ class Cycle:
     def promote(self) -> int:
         """Registers each task's model (on the cycle's run) and moves `champion` only to a
         better one; the comparison on the new version; the report again; the cycle closed."""
-        from pipeline import artifacts
-        from pipeline.serving import mlflow_model
         from pipeline.tools import cycle_report
         from pipeline.tracking import outbox
         from pipeline.tracking import runs as tracking
@@ -482,9 +450,7 @@ class Cycle:
             # already this version's (a re-run of a promote step killed after it): as it was.
             holder = cycle_report.champion(entry["registered_model"], entry["metric"])
             if not (holder and holder["version"] == str(entry.get("version"))):
-                entry.update(champion=holder, comparison=cycle_report.compare(
-                    {"metric": entry["metric"], "value": entry["value"],
-                     "split_id": entry["split_id"]}, holder))
+                entry.update(champion=holder, comparison=_compare(entry, holder))
             out = artifacts.Artifacts(self.dir).finetune(task.name)
             if not out.saved_model.is_dir():
                 entry["decision"] = "not registered: the task has no raw-text model to serve"
@@ -492,16 +458,8 @@ class Cycle:
             name = entry["registered_model"]
             if entry.get("direct", {}).get("done") and not holder:
                 holder = self._register_direct(task, entry)
-                entry.update(champion=holder, comparison=cycle_report.compare(
-                    {"metric": entry["metric"], "value": entry["value"],
-                     "split_id": entry["split_id"]}, holder))
-            if not entry.get("version"):
-                with tracking.active(run_id):  # the version's source run: the cycle's
-                    uri, version = mlflow_model.log_to_mlflow(
-                        out.dir, json.loads(out.task_json.read_text()), name)
-                entry.update(version=version, model_uri=uri)
-                self.cycles.save(record)  # registered once, even if what follows is killed
-            version = entry["version"]
+                entry.update(champion=holder, comparison=_compare(entry, holder))
+            version = self._register(entry, out, name)
             if holder and holder["version"] == str(version):
                 promoted = True
             else:
@@ -530,20 +488,12 @@ class Cycle:
     def _register_direct(self, task, entry: dict) -> dict:
         """Registers the direct fine-tune of the checkpoint (once) and makes it the champion:
         the score every adapted model of these cycles must beat on the same test split."""
-        from pipeline import artifacts
-        from pipeline.serving import mlflow_model
         from pipeline.tools import cycle_report
         from pipeline.tracking import runs as tracking
 
         direct, name = entry["direct"], entry["registered_model"]
-        out = artifacts.Artifacts(self.dir).finetune(direct["output"])
-        if not direct.get("version"):
-            with tracking.active(self.record["mlflow_run_id"]):
-                uri, version = mlflow_model.log_to_mlflow(
-                    out.dir, json.loads(out.task_json.read_text()), name)
-            direct.update(version=version, model_uri=uri)
-            self.cycles.save(self.record)
-        version = direct["version"]
+        version = self._register(direct, artifacts.Artifacts(self.dir).finetune(direct["output"]),
+                                 name)
         tracking.promote_if_better(name, version, f"test_{entry['metric']}", direct["value"],
                                    direct["split_id"],
                                    cycle_report.higher_is_better(entry["metric"]))
@@ -555,6 +505,20 @@ class Cycle:
             "cycle.run_id": self.record["mlflow_run_id"],
             "cycle.finetune_run_id": direct["finetune_run_id"]})
         return cycle_report.champion(name, entry["metric"])
+
+    def _register(self, entry: dict, out, name: str) -> str:
+        """The version of `out`'s model under `name`, registered on the cycle's run the first
+        time (kept in `entry`, so a re-run after a kill registers it once)."""
+        from pipeline.serving import mlflow_model
+        from pipeline.tracking import runs as tracking
+
+        if not entry.get("version"):
+            with tracking.active(self.record["mlflow_run_id"]):  # the version's source run
+                uri, version = mlflow_model.log_to_mlflow(
+                    out.dir, json.loads(out.task_json.read_text()), name)
+            entry.update(version=version, model_uri=uri)
+            self.cycles.save(self.record)
+        return entry["version"]
 
     # -- MLflow ---------------------------------------------------------------------------------
     def _tracking(self) -> None:
@@ -589,8 +553,6 @@ class Cycle:
     def _stages(self, config, label: str, stages: list, scheduled: bool = False) -> int:
         """Runs `stages` with the CLI's runner, its config written to configs/<label>.yaml; its
         pipeline run is then nested under the cycle's run (`self.last_run`)."""
-        from pipeline import artifacts, logs
-        from pipeline import config as config_lib
         from pipeline.tracking import runs as tracking
 
         path = self.dir / "configs" / f"{label}.yaml"
@@ -610,32 +572,17 @@ class Cycle:
         return code
 
     def _report(self, final: bool) -> None:
-        from pipeline import artifacts
         from pipeline.tools import cycle_report
-        from pipeline.tracking import outbox
 
-        tasks = {}
-        for task in self.tasks:
-            entry = self.record["tasks"][task.name]
-            result = cycle_report.task_result(artifacts.Artifacts(self.dir).finetune(task.name).dir,
-                                              entry["metric"], task.name)
-            tasks[task.name] = {**entry, "result": result}
-            if entry.get("direct", {}).get("done"):
-                tasks[task.name]["direct_result"] = cycle_report.task_result(
-                    artifacts.Artifacts(self.dir).finetune(entry["direct"]["output"]).dir,
-                    entry["metric"], task.name)
-        written = cycle_report.write(self.dir / "report", self.record,
-                                     cycle_report.pretraining_summary(self.dir), tasks)
-        run_id = self.record["mlflow_run_id"]
-        for path in sorted(written["html"].parent.iterdir()):  # the page at the top, its parts
-            outbox.log_artifact(path, None if path == written["html"] else "report", run_id)
-        for name, task in tasks.items():
-            outbox.log_metrics({f"{name}.test_{task['metric']}": task["value"]}, run_id=run_id)
-            if task.get("champion") and task["champion"]["value"] == task["champion"]["value"]:
-                outbox.log_metrics({f"{name}.champion_test_{task['metric']}":
-                                    task["champion"]["value"]}, run_id=run_id)
-        log.info(f"cycle {self.record['number']}: report {written['html']}"
-                 f"{' (final)' if final else ''}")
+        page = cycle_report.write(self.dir, self.record, [t.name for t in self.tasks])
+        log.info(f"cycle {self.record['number']}: report {page}{' (final)' if final else ''}")
+
+
+def _compare(entry: dict, holder) -> str:
+    """The comparison of a task's result (its entry) with the champion `holder`."""
+    from pipeline.tools import cycle_report
+
+    return cycle_report.compare({k: entry[k] for k in ("metric", "value", "split_id")}, holder)
 
 
 def _error_of(said: str) -> str:

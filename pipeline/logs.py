@@ -86,7 +86,9 @@ def to_file(message: str) -> None:
     logging.getLogger(NAME).info(message, extra=FILE_ONLY)
 
 
-class _NotOurs(logging.Filter):
+class NotOurs(logging.Filter):
+    """Passes every logger's records but the pipeline's."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.name.startswith(NAME)
 
@@ -168,7 +170,7 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     to_console.addFilter(_Said())  # (on the handler: a logger's filters miss its children's)
     others = _Current("stderr")  # what Python's last-resort handler printed
     others.setLevel(logging.INFO if verbose else logging.WARNING)
-    others.addFilter(_NotOurs())
+    others.addFilter(NotOurs())
     if not verbose:
         others.addFilter(_NotBeamFailures())
     ours.setLevel(logging.INFO)

@@ -6,7 +6,8 @@
     ['corpus', 'vocab', 'data', 'pretrain']
 
 A stage is a module `pipeline.stages.<name>` with `run(config: Config, **options) -> dict`
-(the CLI passes the validated config and the stage's own options, e.g. glue's `tasks`); it only
+(the CLI passes the validated config and the stage's own options, e.g. glue's `tasks`), or, when
+that function would only call a library's, its spec's `run` naming the library function; it only
 orchestrates (reads top to bottom, calls the libraries in pipeline/training, finetuning,
 serving, text, tracking) and imports no other stage (checked by import-linter, see
 pyproject.toml). Its code hash covers every project module it imports, found from its real
@@ -53,6 +54,9 @@ class StageSpec:
     checksums_skip: tuple[str, ...] = ()
     # The Makefile target that runs it (the rebuild command an error names).
     make_target: str = ""
+    # "module:function" the CLI calls with (config, **options) when the stage has no module of
+    # its own in pipeline/stages/ ("": that module's `run`).
+    run: str = ""
 
     @property
     def rebuild(self) -> str:
@@ -62,7 +66,12 @@ class StageSpec:
 
     @property
     def module(self) -> str:
-        return f"pipeline.stages.{self.name}"
+        """The module that runs it (its code hash starts there)."""
+        return self.run.split(":")[0] if self.run else f"pipeline.stages.{self.name}"
+
+    @property
+    def function(self) -> str:
+        return self.run.split(":")[1] if self.run else "run"
 
 
 _SPECS = (
@@ -87,11 +96,12 @@ _SPECS = (
     StageSpec("finetune", "Fine-tuned the pretrained encoder on a labelled task, evaluated, "
                           "exported.",
               config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False,
-              fresh="pipeline.finetuning.runtime:set_checkpoints_aside"),
+              fresh="pipeline.finetuning.runtime:set_checkpoints_aside",
+              run="pipeline.finetuning.recipe:fine_tune_as_configured"),
     StageSpec("sweep", "Fine-tuning hyperparameter grid (finetune.sweep): one nested run per "
                        "point, the best by the validation metric.",
               config=("finetune",), upstream=("pretrain",), output="finetune_root", cached=False,
-              marker=".sweep.stage.json"),
+              marker=".sweep.stage.json", run="pipeline.finetuning.sweep:sweep"),
     StageSpec("multitask", "Multi-task fine-tuning: one encoder, a head per task, batches mixed "
                            "by ratio; compared with single-task runs (nested).",
               config=("finetune", "multitask"), upstream=("pretrain",), output="multitask_root",

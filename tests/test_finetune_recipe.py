@@ -16,7 +16,6 @@ from pipeline import artifacts, cli
 from pipeline import config as config_lib
 from pipeline.finetuning import recipe
 from pipeline.finetuning import train as finetuning
-from pipeline.stages import finetune as finetune_stage
 
 from tests.test_finetune import (  # noqa: F401 (fixtures)
     ANIMALS,
@@ -57,7 +56,7 @@ def test_recipe_auto_chooses_on_validation_and_the_final_run_uses_the_choice(
                           'finetune.recipe_learning_rates=["1e-5", "1e-3", "1e-2"]')
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment) as run, quiet():
-        results = finetune_stage.run(config)
+        results = recipe.fine_tune_as_configured(config)
     report = results["recipe"]
     points = report["points"]
     assert [p["learning_rate"] for p in points] == [1e-5, 1e-3, 1e-2]

@@ -24,6 +24,7 @@ from pipeline.config import Config
 from pipeline.finetuning import data as fd
 from pipeline.finetuning.baselines import MIN_VALIDATION
 from pipeline.finetuning.sweep import point_config, run_point
+from pipeline.finetuning.train import fine_tune
 from pipeline.tracking import outbox
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,15 @@ class Choice:
     """What the search decided: the final run's config and the report of what was tried."""
     config: Config  # learning_rate, epochs and max_seconds (the rest of the budget) set
     report: dict  # metrics.json's "recipe": points, chosen values, the summary line
+
+
+def fine_tune_as_configured(config: Config) -> dict:
+    """The finetune stage: one fine-tuning run, its outputs written and registered; with
+    `finetune.recipe: auto`, on the learning rate and epochs `choose` picked."""
+    if config.finetune.recipe == "auto":
+        choice = choose(config)  # the points: validation only, nothing written
+        return fine_tune(choice.config, write_outputs=True, recipe=choice.report)
+    return fine_tune(config, write_outputs=True)
 
 
 def choose(config: Config) -> Choice:

@@ -158,29 +158,15 @@ def _first_held_to_train(tmp: Path, writers: dict, write) -> None:
     everything = tmp / "eval.all"
     (tmp / "eval").rename(everything)
     writers["eval"] = _ShardWriter(tmp / "eval")
-    for i, sentences in enumerate(_read_shards(everything)):
+    shards = sorted(everything.glob("part-*.txt"))  # read back as the Google format they are in
+    docs = (doc for path in shards for _, doc in read_google_format(path, float("inf"), "skip", {}))
+    for i, sentences in enumerate(docs):
         if i == 0:
             write("eval", sentences, sign=-1)
             write("train", sentences)
         else:
             writers["eval"].write(sentences)
     shutil.rmtree(everything)
-
-
-def _read_shards(folder: Path):
-    """The documents of the part-NNNNN.txt files a _ShardWriter wrote, in order."""
-    for path in sorted(folder.glob("part-*.txt")):
-        doc = []
-        with open(path, encoding="utf-8", newline="\n") as handle:
-            for line in handle:
-                line = line.removesuffix("\n")
-                if line:
-                    doc.append(line)
-                elif doc:
-                    yield doc
-                    doc = []
-        if doc:
-            yield doc
 
 
 class _ShardWriter:

@@ -20,9 +20,8 @@ import argparse
 import logging
 import sys
 
-from pipeline.logs import ConsoleFormatter
+from pipeline.logs import NAME, ConsoleFormatter, NotOurs
 
-NAME = "pipeline"  # the pipeline's loggers are its children (pipeline/logs.py NAME)
 _INSTALLED: list[tuple[logging.Logger, logging.Handler]] = []  # by `console`, replaced by the next
 
 
@@ -36,11 +35,6 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, value):
         pass
-
-
-class _NotOurs(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(NAME)
 
 
 class _Alone(logging.Filter):
@@ -65,7 +59,7 @@ def console(verbose: bool = False) -> logging.Logger:
     own.addFilter(_Alone())
     others = _Stderr()
     others.setFormatter(ConsoleFormatter())
-    others.addFilter(_NotOurs())
+    others.addFilter(NotOurs())
     others.addFilter(_Alone())
     others.setLevel(logging.INFO if verbose else logging.WARNING)
     ours.setLevel(logging.INFO)
@@ -77,6 +71,15 @@ def console(verbose: bool = False) -> logging.Logger:
         root.setLevel(logging.WARNING)
     _INSTALLED.extend([(ours, own), (root, others)])
     return ours
+
+
+def parse(parser: argparse.ArgumentParser, argv, command: str) -> argparse.Namespace:
+    """`parser`'s arguments of `argv` (default: sys.argv[1:]) less a leading `command` (as
+    `python -m pipeline <command>` passes it), with `console(args.verbose)` set up."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv[1:] if argv and argv[0] == command else argv)
+    console(args.verbose)
+    return args
 
 
 def old_spelling(parser, flag: str, action: argparse.Action) -> None:

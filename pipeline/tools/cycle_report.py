@@ -18,6 +18,7 @@ from pathlib import Path
 import mlflow
 
 from pipeline import artifacts
+from pipeline.tracking import outbox
 from pipeline.tracking import runs as tracking
 
 # Metrics where lower is better (every task's own metric is higher-is-better).
@@ -196,10 +197,18 @@ def _tables(record: dict, pretraining: dict, tasks: dict) -> list[tuple[str, lis
     return tables
 
 
-def write(out_dir: Path, record: dict, pretraining: dict, tasks: dict) -> dict:
-    """Writes cycle_report.html, cycle_report.md and their PNGs into `out_dir` (whole or not at all);
-    returns their paths. `tasks`: name -> {result, champion, comparison, registered_model,
-    decision (after the promote step), version}."""
+def write(cycle_dir: Path, record: dict, names: list) -> Path:
+    """Writes cycle_report.html, cycle_report.md and their PNGs into <cycle_dir>/report/ (whole or
+    not at all) for the tasks `names` of the cycle's `record`, and logs them and each task's test
+    metric (and its champion's) on the cycle's run; returns the page's path."""
+    out_dir, folder = Path(cycle_dir) / "report", artifacts.Artifacts(cycle_dir).finetune
+    pretraining, tasks = pretraining_summary(cycle_dir), {}
+    for name in names:
+        entry = record["tasks"][name]
+        tasks[name] = {**entry, "result": task_result(folder(name).dir, entry["metric"], name)}
+        if entry.get("direct", {}).get("done"):
+            tasks[name]["direct_result"] = task_result(folder(entry["direct"]["output"]).dir,
+                                                       entry["metric"], name)
     title = f"Cycle {record['number']} ({record['opened'][:10]})"
     with artifacts.atomic_dir(Path(out_dir)) as tmp:
         images = []  # (caption, file name)
@@ -239,4 +248,12 @@ def write(out_dir: Path, record: dict, pretraining: dict, tasks: dict) -> dict:
         page.append("</body></html>")
         (tmp / "cycle_report.md").write_text("\n".join(md), encoding="utf-8")
         (tmp / "cycle_report.html").write_text("\n".join(page), encoding="utf-8")
-    return {"html": Path(out_dir) / "cycle_report.html", "md": Path(out_dir) / "cycle_report.md"}
+    page_path, run_id = out_dir / "cycle_report.html", record["mlflow_run_id"]
+    for path in sorted(out_dir.iterdir()):  # the page at the top, its parts in report/
+        outbox.log_artifact(path, None if path == page_path else "report", run_id)
+    for name, task in tasks.items():
+        outbox.log_metrics({f"{name}.test_{task['metric']}": task["value"]}, run_id=run_id)
+        if task.get("champion") and task["champion"]["value"] == task["champion"]["value"]:
+            outbox.log_metrics({f"{name}.champion_test_{task['metric']}":
+                                task["champion"]["value"]}, run_id=run_id)
+    return page_path

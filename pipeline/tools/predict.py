@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.tools import console
+from pipeline.tools import parse
 
 
 def _read_lines(path: str) -> list[str]:
@@ -66,12 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "predict":
-        argv = argv[1:]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    console(args.verbose)
+    args = parse(build_parser(), argv, "predict")
     try:
         rows = _predict(args)
     except (FileNotFoundError, ValueError, KeyError) as err:

@@ -36,7 +36,7 @@ from pipeline.serving.search import (
     rank,
     split_passages,
 )
-from pipeline.tools import console, old_spelling
+from pipeline.tools import old_spelling, parse
 
 log = logging.getLogger(__name__)
 
@@ -217,15 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "retrieval-eval":
-        argv = argv[1:]
     from pipeline import artifacts
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv, "retrieval-eval")
     args.tarball = args.tarball or str(artifacts.BROWN_TARBALL)
-    console(args.verbose)
     paths = artifacts.Artifacts(args.run_dir)
     if args.write_training_pairs:
         queries = brown_query_set(args.tarball, args.queries, args.seed)[2]

@@ -59,14 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from pipeline.tools import console
+    from pipeline.tools import parse
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "serve":
-        argv = argv[1:]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    console(args.verbose)
+    args = parse(build_parser(), argv, "serve")
 
     import mlflow
 

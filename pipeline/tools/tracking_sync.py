@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from pipeline.tools import console
+from pipeline.tools import parse
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,7 @@ def main(argv: list[str]) -> int:
     from pipeline.tracking import runs
     from pipeline.tracking.outbox import configure, flush, set_http_patience
 
-    parser = build_parser()
-    args = parser.parse_args(argv[1:] if argv and argv[0] == "tracking-sync" else argv)
-    console(args.verbose)
+    args = parse(build_parser(), argv, "tracking-sync")
     try:
         config = config_lib.load(args.config, args.overrides)
     except config_lib.ConfigError as err:
