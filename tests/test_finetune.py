@@ -291,7 +291,8 @@ def test_question_answering_squad_v2(tmp_path, encoder_files):
     config = make_config(tmp_path, encoder_files, "finetune.task=question_answering",
                          "finetune.dataset=squad", f"finetune.train_file={tmp_path}/squad.json",
                          "finetune.version_2=true", "finetune.max_query_length=6",
-                         "finetune.doc_stride=8", "finetune.name=qa")
+                         "finetune.doc_stride=8", "finetune.name=qa",
+                         "finetune.random_init_baseline=false")  # (not checked here)
     with quiet():
         results = finetuning.fine_tune(config)
     assert {"exact", "f1", "total", "best_f1", "best_f1_thresh"} <= set(results["test"])
@@ -312,7 +313,8 @@ def test_semantic_search_bi_encoder_and_search_command(tmp_path, encoder_files):
     config = make_config(tmp_path, encoder_files, "finetune.task=semantic_search",
                          "finetune.dataset=jsonl", f"finetune.train_file={tmp_path}/pairs.jsonl",
                          "finetune.text_column=query", "finetune.text_pair_column=doc",
-                         "finetune.name=search", "finetune.register_model=false")
+                         "finetune.name=search", "finetune.register_model=false",
+                         "finetune.random_init_baseline=false")  # (not checked here)
     with quiet():
         results = finetuning.fine_tune(config)
     assert {"recall_at_1", "recall_at_5", "mrr"} <= set(results["test"])
