@@ -35,11 +35,42 @@ def made(tmp_path_factory):
     server = Server(root)
     server.start()
     try:
-        result = pipeline(root / "run", root, server, ["all"])
-        assert result.returncode == 0, result.stderr[-3000:]
+        code, _, err = pipeline_here(root / "run", root, server, ["all"])
+        assert code == 0, err[-3000:]
         yield root, server
     finally:
         server.stop()
+
+
+def _args(run: Path, root: Path, args: list[str]) -> list[str]:
+    return [*args, "--config", "configs/test_tiny.yaml", f"run_dir={run}",
+            f"corpus.path={root / 'raw'}/*.txt", "tracking.register_encoder=false"]
+
+
+def pipeline_here(run: Path, root: Path, server: Server, args: list[str]):
+    """The same invocation as `pipeline` without a limit, in this process (no Python start-up
+    and imports; only the limited run needs a process of its own): (exit code, stdout,
+    stderr)."""
+    import contextlib
+    import io
+
+    import mlflow
+
+    from pipeline import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = server.url
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(_args(run, root, args))
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI")
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+        mlflow.set_tracking_uri(None)
+    return code, out.getvalue(), err.getvalue()
 
 
 def pipeline(run: Path, root: Path, server: Server, args: list[str], limit: int = 0):
@@ -51,8 +82,7 @@ def pipeline(run: Path, root: Path, server: Server, args: list[str], limit: int 
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": server.url}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args, "--config", "configs/test_tiny.yaml",
-         f"run_dir={run}", f"corpus.path={root / 'raw'}/*.txt", "tracking.register_encoder=false"],
+        [sys.executable, "-m", "pipeline", *_args(run, root, args)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
         preexec_fn=limited if limit else None)
 
@@ -82,7 +112,7 @@ CASES = [
 ]
 
 
-@pytest.mark.slow  # a server, a pipeline run, then a limited and a free run per case (~3 min)
+@pytest.mark.slow  # a server, a pipeline run, then a limited and a free run per case
 @pytest.mark.parametrize("what,args,setup,stage", CASES, ids=[c[0] for c in CASES])
 def test_a_full_disk_stops_the_stage_and_keeps_the_previous_outputs(what, args, setup, stage,
                                                                     made, tmp_path):
@@ -110,6 +140,6 @@ def test_a_full_disk_stops_the_stage_and_keeps_the_previous_outputs(what, args, 
     if stage == "pretrain" and "--force" in args:  # the new checkpoints: only complete ones
         assert not list((run / "pretrain" / "checkpoints").glob("*.h5"))
     # ... and usable: the stage is reused (its checksums verify) or finishes, with space.
-    again = pipeline(run, root, server, [stage])
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert (f"{stage}: up to date, reused" in again.stdout) == (setup is None)
+    code, out, err = pipeline_here(run, root, server, [stage])
+    assert code == 0, (out + err)[-3000:]
+    assert (f"{stage}: up to date, reused" in out) == (setup is None)

@@ -103,14 +103,14 @@ def write_topic_data(folder, n=80):
     (folder / "topic.csv").write_text("\n".join(rows) + "\n")
 
 
-def teacher_config(folder):
+def teacher_config(folder, *overrides):
     return config_lib.load(None, [
         f"run_dir={folder}/run", f"finetune.init_from={folder}/encoder.keras",
         f"finetune.vocab_file={folder}/vocab.txt", "finetune.dataset=csv",
         f"finetune.train_file={folder}/topic.csv", "finetune.name=topic",
         "finetune.max_seq_length=16", "finetune.batch_size=8", "finetune.epochs=2",
         "finetune.learning_rate=0.003", "finetune.baselines=false",
-        "finetune.register_model=false"])
+        "finetune.register_model=false", *overrides])
 
 
 def write_encoder(folder):
@@ -203,11 +203,13 @@ def test_student_initialised_from_the_teacher_and_config_errors(teacher_dir):
         distill.run(distill_config(folder, folder / "nowhere"))
 
 
-@pytest.mark.slow  # ~90 s: the finetune stage trains and exports the teacher first
+@pytest.mark.slow  # the finetune stage trains the teacher first
 def test_distill_a_teacher_trained_by_the_finetune_stage(tmp_path, sqlite_mlflow):  # noqa: F811
+    """(The teacher without its raw-text SavedModel: distillation reads model.keras, and the
+    finetune stage's export is tested in tests/test_finetune.py.)"""
     write_encoder(tmp_path)
     write_topic_data(tmp_path)
-    teacher = finetuning.fine_tune(teacher_config(tmp_path))
+    teacher = finetuning.fine_tune(teacher_config(tmp_path, "finetune.export=false"))
     config = distill_config(tmp_path, teacher["output_dir"], "distill.epochs=2")
     _, experiment = sqlite_mlflow
     with mlflow.start_run(experiment_id=experiment):
