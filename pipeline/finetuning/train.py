@@ -123,7 +123,8 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     if fc.baselines and evaluate_test:
         results["baselines"] = task.baselines(data, fc.seed)
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
-            results["baselines"]["random_init"] = random_init_baseline(ctx, backbone, plan)
+            results["baselines"]["random_init"] = random_init_baseline(
+                ctx, (model, encoder), backbone, plan)
         compare_with_baselines(results, task, data.metric)
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
@@ -171,13 +172,38 @@ def train_best_epoch(ctx: RunContext, trainable: tuple, plan: runtime.FitPlan,
     return evaluator
 
 
-def random_init_baseline(ctx: RunContext, backbone, plan: runtime.FitPlan) -> dict:
+def random_init_baseline(ctx: RunContext, trainable: tuple, backbone,
+                         plan: runtime.FitPlan) -> dict:
     """Test metrics of the same architecture from random initialisation, fine-tuned with the
-    same data, steps, schedule and epoch selection: the gain of pretraining is the difference."""
+    same data, steps, schedule and epoch selection: the gain of pretraining is the difference.
+    Trained in `trainable` (the fine-tuned pair, whose train and predict steps are traced
+    already): its weights and optimizer state are set to a fresh model's, and put back after."""
     keras.utils.set_random_seed(ctx.fc.seed + 1)
     with ctx.strategy.scope():
         fresh = type(backbone).from_config(backbone.get_config())
-        model, encoder = build_trainable(ctx, fresh, plan.total_steps)
-    train_best_epoch(ctx, (model, encoder), dataclasses.replace(plan, checkpoints=None),
-                     label="finetune (random init)", to_mlflow=False)
-    return ctx.task.evaluate(model, ctx.splits["test"], ctx.data, encoder)[0]
+        fresh_model, fresh_encoder = build_trainable(ctx, fresh, plan.total_steps)
+        if fresh_model.built:
+            fresh_model.optimizer.build(fresh_model.trainable_variables)
+    plan = dataclasses.replace(plan, checkpoints=None)
+    model, encoder = trainable
+    fresh_state, state = _state(fresh_model), _state(model)
+    kept = None
+    if [v.shape for v in fresh_state] == [v.shape for v in state]:
+        kept = [keras.ops.convert_to_numpy(v) for v in state]
+        for variable, value in zip(state, fresh_state):
+            variable.assign(value)
+    else:  # not built alike: the fresh model trains itself
+        model, encoder = fresh_model, fresh_encoder
+    try:
+        train_best_epoch(ctx, (model, encoder), plan, label="finetune (random init)",
+                         to_mlflow=False)
+        return ctx.task.evaluate(model, ctx.splits["test"], ctx.data, encoder)[0]
+    finally:
+        for variable, value in zip(state, kept or ()):
+            variable.assign(value)
+
+
+def _state(model) -> list:
+    """The variables a training run changes but its metrics (reset every epoch): weights, seed
+    states, the optimizer's."""
+    return [*model.variables, *(model.optimizer.variables if model.optimizer.built else ())]
