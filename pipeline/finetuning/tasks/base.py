@@ -265,7 +265,8 @@ class FinetuneTask(abc.ABC):
         from pipeline.serving import export
 
         export.save_serving_module(self.serving_module(
-            model, pre, info.get("labels"), bool(info.get("pair")), info), folder)
+            model, pre, info.get("labels"), bool(info.get("pair")), info), folder,
+            pre.functions()["tokenize"])
 
     def check_export(self, folder, model, pre, data, info: dict) -> dict:
         """{"export_max_abs_diff": ..., ...}: the SavedModel against the in-memory model."""
