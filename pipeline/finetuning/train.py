@@ -75,8 +75,8 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     # same task settings, vocab and examples: reused), streamed by tf.data from here on.
     ctx = ctx.with_features()
     sample = data.train[:NOTES_SAMPLE]  # what the features cut, on a sample in memory
-    for note in task.notes(task.make_split(sample, ctx.tokenizer.preprocessor, data.labels,
-                                           data.pair)):
+    for note in task.notes(lambda: task.make_split(sample, ctx.tokenizer.preprocessor,
+                                                   data.labels, data.pair)):
         log.info(f"finetune: {note}" + (f" (in the first {len(sample):,} training examples)"
                                         if len(sample) < len(data.train) else ""))
 

@@ -192,8 +192,9 @@ class FinetuneTask(abc.ABC):
         else:
             yield from split.batches(batch_size)
 
-    def notes(self, split: Split) -> list[str]:
-        """Lines worth logging about the training split's features."""
+    def notes(self, sample) -> list[str]:
+        """Lines worth logging about the training split's features; `sample()` makes the Split
+        of a sample of it (made only by a task that has something to say: it costs a trace)."""
         return []
 
     # ---- model -----------------------------------------------------------------------
