@@ -180,30 +180,18 @@ def random_init_baseline(ctx: RunContext, trainable: tuple, backbone,
     already): its weights and optimizer state are set to a fresh model's, and put back after."""
     keras.utils.set_random_seed(ctx.fc.seed + 1)
     with ctx.strategy.scope():
-        fresh = type(backbone).from_config(backbone.get_config())
-        fresh_model, fresh_encoder = build_trainable(ctx, fresh, plan.total_steps)
-        if fresh_model.built:
-            fresh_model.optimizer.build(fresh_model.trainable_variables)
-    plan = dataclasses.replace(plan, checkpoints=None)
+        fresh, _ = build_trainable(ctx, type(backbone).from_config(backbone.get_config()),
+                                   plan.total_steps)
+        fresh.optimizer.build(fresh.trainable_variables)
     model, encoder = trainable
-    fresh_state, state = _state(fresh_model), _state(model)
-    kept = None
-    if [v.shape for v in fresh_state] == [v.shape for v in state]:
-        kept = [keras.ops.convert_to_numpy(v) for v in state]
-        for variable, value in zip(state, fresh_state):
-            variable.assign(value)
-    else:  # not built alike: the fresh model trains itself
-        model, encoder = fresh_model, fresh_encoder
+    state = [*model.variables, *model.optimizer.variables]  # weights, seed states, optimizer
+    kept = [keras.ops.convert_to_numpy(v) for v in state]
+    for variable, value in zip(state, [*fresh.variables, *fresh.optimizer.variables], strict=True):
+        variable.assign(value)
     try:
-        train_best_epoch(ctx, (model, encoder), plan, label="finetune (random init)",
-                         to_mlflow=False)
+        train_best_epoch(ctx, trainable, dataclasses.replace(plan, checkpoints=None),
+                         label="finetune (random init)", to_mlflow=False)
         return ctx.task.evaluate(model, ctx.splits["test"], ctx.data, encoder)[0]
     finally:
-        for variable, value in zip(state, kept or ()):
+        for variable, value in zip(state, kept):
             variable.assign(value)
-
-
-def _state(model) -> list:
-    """The variables a training run changes but its metrics (reset every epoch): weights, seed
-    states, the optimizer's."""
-    return [*model.variables, *(model.optimizer.variables if model.optimizer.built else ())]

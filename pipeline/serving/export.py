@@ -163,9 +163,8 @@ def save_serving_module(module, folder, tokenize=None) -> None:
     same as a traced function, `TextPreprocessor.functions()["tokenize"]`, not traced again)."""
     import tensorflow as tf
 
-    # Traced here, and kept traced: inside the save tf.function's cache key holds the save's
-    # options, so a tf.function (and all it calls: the preprocessor's, traced for the features)
-    # would be traced again.
+    # Traced here and kept traced: inside the save a tf.function's cache key holds the save's
+    # options, so it (and all it calls: the preprocessor's functions) would be traced again.
     module.serve = module.serve.get_concrete_function()
     tokenize = tokenize_function(tokenize or module.tokenizer).get_concrete_function()
     tf.saved_model.save(module, str(folder),

@@ -226,8 +226,3 @@ def parse_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
         spec[name] = tf.io.FixedLenFeature([length], dtype)
     return spec
 
-
-def parse_numpy(record: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict:
-    """Parses one record into numpy arrays (for tests and inspection)."""
-    parsed = tf.io.parse_single_example(record, parse_spec(max_seq_length, max_predictions_per_seq))
-    return {name: value.numpy() for name, value in parsed.items()}
