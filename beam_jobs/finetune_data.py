@@ -9,8 +9,8 @@ per worker: the vocabulary and tokenizer) and `encode(examples) -> [{key: ("int6
 "float", values)}]` (a list of examples in, their feature rows out, in pure Python:
 pipeline/finetuning/records.py `RowEncoder`). Output, per split:
 <output_dir>/<split>-SSSSS-of-NNNNN.tfrecord, every record a tf.train.Example of one row (the
-workers write part files, merged into the shards at the end), and
-<output_dir>/<split>-count.json (rows, examples). Workers import no TensorFlow.
+workers write part files, named by their first example and their counts of examples and rows,
+merged into the shards at the end); `run` returns the counts. Workers import no TensorFlow.
 
 Progress: with --progress_dir (only for workers on this machine: pipeline/finetuning/records.py
 passes it for `data_job.runs_locally` runners), each worker adds the bytes of the JSON lines it
@@ -43,9 +43,10 @@ ENCODE_BATCH = 1024  # examples per encoder call and part file
 
 class EncodeAndWrite(beam.DoFn):
     """A batch of JSON lines -> their records, written straight to a part file named by the
-    batch's first example (<output_dir>/<split>-part-<index>.tfrecord, written aside and
-    renamed: a retried bundle writes the same file again); emits (path, examples, rows).
-    Nothing but counts leaves the worker, so no runner holds a split's records in memory.
+    batch's first example and its counts (<output_dir>/<split>-part-<index>-<examples>-<rows>
+    .tfrecord, written aside and renamed: a retried bundle writes the same file again); emits
+    its path. Nothing but names leaves the worker, so no runner holds a split's records in
+    memory, and the job has no step after the writing (a small job pays seconds for each).
     With `progress_dir`, tells beam_jobs/progress.py the batch's input bytes as `done` once
     its part file is in place."""
 
@@ -61,7 +62,8 @@ class EncodeAndWrite(beam.DoFn):
         examples = [json.loads(line) for line in lines]
         rows = self._encoder.encode(examples)
         first = min(item["index"] for item in examples)
-        final = FileSystems.join(self._output_dir, f"{self._split}-part-{first:09d}.tfrecord")
+        final = FileSystems.join(self._output_dir, f"{self._split}-part-{first:09d}-"
+                                                    f"{len(examples)}-{len(rows)}.tfrecord")
         aside = final + f".tmp-{os.getpid()}"
         with FileSystems.create(aside) as handle:
             for row in rows:
@@ -70,16 +72,16 @@ class EncodeAndWrite(beam.DoFn):
         if self._reporter is not None:  # the lines' bytes in the input file, breaks included
             self._reporter.add(done=sum(len(line.encode("utf-8")) + 1 for line in lines))
             self._reporter.flush()
-        yield final, len(examples), len(rows)
+        yield final
 
 
-def merge_parts(output_dir: str, split: str, shards: int) -> list[str]:
+def merge_parts(output_dir: str, split: str, shards: int) -> dict:
     """The part files of a split, concatenated (TFRecord files concatenate byte for byte)
     into `shards` files <split>-SSSSS-of-NNNNN.tfrecord, parts in index order, spread
-    evenly; the parts are removed. Returns the shards' paths."""
+    evenly; the parts are removed. Returns {"examples", "rows"}: the sums of the parts'."""
     parts = sorted(glob.glob(os.path.join(output_dir, f"{split}-part-*.tfrecord")))
+    counts = [os.path.basename(part)[:-len(".tfrecord")].split("-")[-2:] for part in parts]
     shards = max(1, min(shards, len(parts))) if parts else 1
-    paths = []
     for shard in range(shards):
         path = os.path.join(output_dir, f"{split}-{shard:05d}-of-{shards:05d}.tfrecord")
         with open(path, "wb") as out:
@@ -87,8 +89,7 @@ def merge_parts(output_dir: str, split: str, shards: int) -> list[str]:
                 with open(part, "rb") as handle:
                     shutil.copyfileobj(handle, out, 1 << 20)
                 os.remove(part)
-        paths.append(path)
-    return paths
+    return {"examples": sum(int(c[0]) for c in counts), "rows": sum(int(c[1]) for c in counts)}
 
 
 def parse_args(argv=None):
@@ -128,20 +129,12 @@ def build_pipeline(pipeline, args, encoder):
             | f"Batch[{split}]" >> beam.BatchElements(min_batch_size=ENCODE_BATCH,
                                                       max_batch_size=ENCODE_BATCH)
             | f"EncodeAndWrite[{split}]" >> beam.ParDo(
-                EncodeAndWrite(encoder, args.output_dir, split, args.progress_dir))
-            | f"Counts[{split}]" >> beam.Map(lambda part: (part[1], part[2]))
-            | f"Sum[{split}]" >> beam.CombineGlobally(
-                lambda pairs: [sum(p[0] for p in pairs), sum(p[1] for p in pairs)])
-            | f"CountJson[{split}]" >> beam.Map(
-                lambda c: json.dumps({"examples": c[0], "rows": c[1]}))
-            | f"WriteCount[{split}]" >> beam.io.WriteToText(
-                os.path.join(args.output_dir, f"{split}-count"), file_name_suffix=".json",
-                shard_name_template=""))
+                EncodeAndWrite(encoder, args.output_dir, split, args.progress_dir)))
 
 
 def run(argv=None, test_pipeline=None, encoder=None) -> dict | None:
-    """Runs the job; returns {split: {"examples", "rows"}} written (the <split>-count.json
-    files). With `test_pipeline`, the steps are only added to it and None is returned."""
+    """Runs the job; returns {split: {"examples", "rows"}} written. With `test_pipeline`, the
+    steps are only added to it and None is returned."""
     if encoder is None:
         raise ValueError("finetune_data.run needs an encoder (pipeline/finetuning/records.py)")
     args, beam_args = parse_args(argv)
@@ -155,9 +148,7 @@ def run(argv=None, test_pipeline=None, encoder=None) -> dict | None:
     release(result)
     counts = {}
     for split, shards in split_shards(args.splits).items():
-        merge_parts(args.output_dir, split, shards)
-        with open(os.path.join(args.output_dir, f"{split}-count.json")) as handle:
-            counts[split] = json.load(handle)
+        counts[split] = merge_parts(args.output_dir, split, shards)
         _LOGGER.info("%s: %d rows from %d examples written to %s", split,
                      counts[split]["rows"], counts[split]["examples"], args.output_dir)
     return counts

@@ -217,8 +217,10 @@ class TextPreprocessor:
                 "segment_ids": tf.cast(segment_ids, tf.int32),
                 "padding_mask": tf.cast(token_ids != self.pad_id, tf.int32)}
 
-    def _functions(self):
-        """tf.functions over string batches, traced once per preprocessor (not per call)."""
+    def functions(self) -> dict:
+        """tf.functions over string batches ("single", "pair": the features; "tokenize": ragged
+        ids), traced once per preprocessor, not per call: `features`, `tokenize_words` and the
+        raw-text SavedModels (pipeline/serving/export.py) call them."""
         if getattr(self, "_traced", None) is None:
             spec = tf.TensorSpec([None], tf.string)
             self._traced = {
@@ -234,7 +236,7 @@ class TextPreprocessor:
         if not texts:
             return {k: np.zeros((0, self.seq_length), np.int32)
                     for k in ("token_ids", "segment_ids", "padding_mask")}
-        fns = self._functions()
+        fns = self.functions()
         parts = []
         for start in range(0, len(texts), batch_size):
             text = tf.constant(list(texts[start:start + batch_size]))
@@ -248,7 +250,7 @@ class TextPreprocessor:
     def tokenize_words(self, words: list[str], batch_size: int = 8192) -> list[list[int]]:
         """Word-piece ids of each string (a word, or any text), in one batched call per chunk."""
         out: list[list[int]] = []
-        tokenize = self._functions()["tokenize"]
+        tokenize = self.functions()["tokenize"]
         for start in range(0, len(words), batch_size):
             ragged = tokenize(tf.constant(list(words[start:start + batch_size])))
             ids = ragged.flat_values.numpy().tolist()

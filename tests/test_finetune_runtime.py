@@ -332,3 +332,37 @@ def test_accumulation_under_a_mirrored_strategy_is_refused_in_one_line():
     assert "\n" not in str(err.value)
     runtime.check_strategy(fc, tf.distribute.get_strategy())  # default: fine
     runtime.check_strategy(config_lib.FinetuneConfig(), tf.distribute.MirroredStrategy(["/cpu:0"]))
+
+
+def test_the_random_init_baseline_is_a_fresh_model_trained_alone_and_leaves_the_weights(
+        encoder_files):
+    """The random-init baseline trains in the fine-tuned model (reusing its traced steps): its
+    test metrics are those of a fresh model trained on its own, and the fine-tuned weights and
+    optimizer state are put back after."""
+    import tensorflow as tf
+
+    from pipeline.finetuning import tasks
+    from pipeline.finetuning import train as finetuning
+
+    fc = finetune_section()
+    split, task = synthetic_split(), tasks.get("classification", fc)
+    ctx = dataclasses.make_dataclass("Context", ["fc", "task", "strategy", "data", "splits"])(
+        fc, task, tf.distribute.get_strategy(),
+        dataclasses.make_dataclass("Data", ["labels", "metric"])(["even", "odd"], "accuracy"),
+        {"train": split, "validation": split, "test": split})
+    backbone = load_backbone(encoder_files[0])
+    plan = runtime.FitPlan(fc, runtime.updates_per_epoch(N, fc) * 2, 2)
+    keras.utils.set_random_seed(0)
+    model, encoder = finetuning.build_trainable(ctx, backbone, plan.total_steps)
+    finetuning.train_best_epoch(ctx, (model, encoder), plan, to_mlflow=False)
+    variables = [*model.variables, *model.optimizer.variables]
+    state = [keras.ops.convert_to_numpy(v) for v in variables]
+
+    result = finetuning.random_init_baseline(ctx, (model, encoder), backbone, plan)
+    assert all(np.array_equal(keras.ops.convert_to_numpy(v), s)
+               for v, s in zip(variables, state, strict=True))
+    keras.utils.set_random_seed(fc.seed + 1)
+    fresh = finetuning.build_trainable(
+        ctx, type(backbone).from_config(backbone.get_config()), plan.total_steps)
+    finetuning.train_best_epoch(ctx, fresh, plan, to_mlflow=False)
+    assert result == task.evaluate(fresh[0], split, ctx.data, fresh[1])[0]

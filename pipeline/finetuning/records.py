@@ -163,8 +163,6 @@ def write_or_reuse(config, task, data, tokenizer) -> dict:
                     ",".join(f"{split}:{shards(len(examples)) if split == 'train' else 1}"
                              for split, examples in splits.items()),
                     *data_job.progress_args(told), *beam_args], encoder=encoder)
-            for split in splits:
-                (tmp / f"{split}-count.json").unlink()
             probe, inputs = encoder.row_arrays([json.loads(example_json(0, splits["train"][0]))])
             (tmp / SPEC).write_text(json.dumps({"rows": spec_of(probe), "inputs": inputs,
                                                 "counts": counts}, indent=2))

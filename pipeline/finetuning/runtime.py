@@ -422,6 +422,11 @@ def fit(model, split, plan: FitPlan, evaluator, callbacks: list) -> int:
                  f"(step {start} of {total_steps}, epoch {start // per_epoch + 1})")
     if start >= total_steps:
         return start
+    if model.built and not model.optimizer.built:
+        # Its variables made here, not inside the first step: a tf.function that creates
+        # variables is traced twice, and the train step is most of a short run's tracing.
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
     saver = ([_Saver(checkpoints, evaluator, fc, per_epoch, total_steps)]
              if checkpoints is not None else [])
     first, done = divmod(start, per_epoch)

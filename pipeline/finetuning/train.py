@@ -75,8 +75,8 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     # same task settings, vocab and examples: reused), streamed by tf.data from here on.
     ctx = ctx.with_features()
     sample = data.train[:NOTES_SAMPLE]  # what the features cut, on a sample in memory
-    for note in task.notes(task.make_split(sample, ctx.tokenizer.preprocessor, data.labels,
-                                           data.pair)):
+    for note in task.notes(lambda: task.make_split(sample, ctx.tokenizer.preprocessor,
+                                                   data.labels, data.pair)):
         log.info(f"finetune: {note}" + (f" (in the first {len(sample):,} training examples)"
                                         if len(sample) < len(data.train) else ""))
 
@@ -123,7 +123,8 @@ def fine_tune(config: Config, write_outputs: bool = True, evaluate_test: bool = 
     if fc.baselines and evaluate_test:
         results["baselines"] = task.baselines(data, fc.seed)
         if fc.random_init_baseline:  # what pretraining bought: the same model from scratch
-            results["baselines"]["random_init"] = random_init_baseline(ctx, backbone, plan)
+            results["baselines"]["random_init"] = random_init_baseline(
+                ctx, (model, encoder), backbone, plan)
         compare_with_baselines(results, task, data.metric)
     results["seconds"] = round(time.time() - started, 1)
     results["train_seconds"] = round(train_seconds, 1)
@@ -171,13 +172,26 @@ def train_best_epoch(ctx: RunContext, trainable: tuple, plan: runtime.FitPlan,
     return evaluator
 
 
-def random_init_baseline(ctx: RunContext, backbone, plan: runtime.FitPlan) -> dict:
+def random_init_baseline(ctx: RunContext, trainable: tuple, backbone,
+                         plan: runtime.FitPlan) -> dict:
     """Test metrics of the same architecture from random initialisation, fine-tuned with the
-    same data, steps, schedule and epoch selection: the gain of pretraining is the difference."""
+    same data, steps, schedule and epoch selection: the gain of pretraining is the difference.
+    Trained in `trainable` (the fine-tuned pair, whose train and predict steps are traced
+    already): its weights and optimizer state are set to a fresh model's, and put back after."""
     keras.utils.set_random_seed(ctx.fc.seed + 1)
     with ctx.strategy.scope():
-        fresh = type(backbone).from_config(backbone.get_config())
-        model, encoder = build_trainable(ctx, fresh, plan.total_steps)
-    train_best_epoch(ctx, (model, encoder), dataclasses.replace(plan, checkpoints=None),
-                     label="finetune (random init)", to_mlflow=False)
-    return ctx.task.evaluate(model, ctx.splits["test"], ctx.data, encoder)[0]
+        fresh, _ = build_trainable(ctx, type(backbone).from_config(backbone.get_config()),
+                                   plan.total_steps)
+        fresh.optimizer.build(fresh.trainable_variables)
+    model, encoder = trainable
+    state = [*model.variables, *model.optimizer.variables]  # weights, seed states, optimizer
+    kept = [keras.ops.convert_to_numpy(v) for v in state]
+    for variable, value in zip(state, [*fresh.variables, *fresh.optimizer.variables], strict=True):
+        variable.assign(value)
+    try:
+        train_best_epoch(ctx, trainable, dataclasses.replace(plan, checkpoints=None),
+                         label="finetune (random init)", to_mlflow=False)
+        return ctx.task.evaluate(model, ctx.splits["test"], ctx.data, encoder)[0]
+    finally:
+        for variable, value in zip(state, kept):
+            variable.assign(value)

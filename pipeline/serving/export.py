@@ -143,26 +143,32 @@ def build_serving_module(model, preprocessor, outputs_fn, labels=None, pair: boo
             return outputs_fn(self.model(inputs, training=False), self.labels)
 
     module = TextServing()
+    packed = preprocessor.functions()  # traced already if the features were made in the graph
     if pair:
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text"),
                                       tf.TensorSpec([None], tf.string, name="text_pair")])
         def serve(text, text_pair):
-            return module._outputs(preprocessor(text, text_pair))
+            return module._outputs(packed["pair"](text, text_pair))
     else:
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
         def serve(text):
-            return module._outputs(preprocessor(text))
+            return module._outputs(packed["single"](text))
     module.serve = serve
     return module
 
 
-def save_serving_module(module, folder) -> None:
+def save_serving_module(module, folder, tokenize=None) -> None:
     """Writes the module as a SavedModel to `folder` (which must not exist yet): its `serve` as
-    the serving signature, beside the `tokenize` signature of its tokenizer."""
+    the serving signature, beside the `tokenize` signature of its tokenizer (`tokenize`: the
+    same as a traced function, `TextPreprocessor.functions()["tokenize"]`, not traced again)."""
     import tensorflow as tf
 
-    tf.saved_model.save(module, str(folder), signatures={
-        SIGNATURE: module.serve, TOKENIZE_SIGNATURE: tokenize_function(module.tokenizer)})
+    # Traced here and kept traced: inside the save a tf.function's cache key holds the save's
+    # options, so it (and all it calls: the preprocessor's functions) would be traced again.
+    module.serve = module.serve.get_concrete_function()
+    tokenize = tokenize_function(tokenize or module.tokenizer).get_concrete_function()
+    tf.saved_model.save(module, str(folder),
+                        signatures={SIGNATURE: module.serve, TOKENIZE_SIGNATURE: tokenize})
 
 
 def load_saved_model(folder):

@@ -192,8 +192,9 @@ class FinetuneTask(abc.ABC):
         else:
             yield from split.batches(batch_size)
 
-    def notes(self, split: Split) -> list[str]:
-        """Lines worth logging about the training split's features."""
+    def notes(self, sample) -> list[str]:
+        """Lines worth logging about the training split's features; `sample()` makes the Split
+        of a sample of it (made only by a task that has something to say: it costs a trace)."""
         return []
 
     # ---- model -----------------------------------------------------------------------
@@ -265,7 +266,8 @@ class FinetuneTask(abc.ABC):
         from pipeline.serving import export
 
         export.save_serving_module(self.serving_module(
-            model, pre, info.get("labels"), bool(info.get("pair")), info), folder)
+            model, pre, info.get("labels"), bool(info.get("pair")), info), folder,
+            pre.functions()["tokenize"])
 
     def check_export(self, folder, model, pre, data, info: dict) -> dict:
         """{"export_max_abs_diff": ..., ...}: the SavedModel against the in-memory model."""

@@ -61,10 +61,10 @@ class Classification(FinetuneTask):
                          [e.text_pair for e in examples] if pair else None)
         return Split(examples, x, y)
 
-    def notes(self, split) -> list[str]:
+    def notes(self, sample) -> list[str]:
         if not self.windowed:
             return []
-        meta, fc = split.meta, self.fc
+        meta, fc = sample().meta, self.fc
         return [f"long documents: {meta['n_windows'].mean():.1f} windows per training text on "
                 f"average (max_windows {fc.max_windows}, stride {fc.window_stride}); "
                 f"{meta['truncated_documents']} text(s) cut after max_windows; aggregation "

@@ -51,8 +51,8 @@ class TokenClassification(FinetuneTask):
             positions[i, :len(pos)] = pos
         return {"word_positions": positions}
 
-    def notes(self, split) -> list[str]:
-        cut = split.meta["truncated_words"]
+    def notes(self, sample) -> list[str]:
+        cut = sample().meta["truncated_words"]
         return [f"{cut} training words beyond max_seq_length were cut"] if cut else []
 
     def build_model(self, backbone, num_labels):
