@@ -93,6 +93,14 @@ class NotOurs(logging.Filter):
         return not record.name.startswith(NAME)
 
 
+class _OursOrWarnings(logging.Filter):
+    """The log file's filter without --verbose: the pipeline's records, other loggers' from
+    WARNING up (whatever level the root logger was left at by an earlier caller)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name.startswith(NAME)
+
+
 class _NotBeamFailures(logging.Filter):
     """Beam logs the traceback of a failing DoFn before it re-raises the error; the error
     reaches the CLI, which prints it (one line for what the user can fix, else the traceback),
@@ -173,6 +181,7 @@ def setup(log_file: Path, verbose: bool = False) -> logging.Logger:
     others.addFilter(NotOurs())
     if not verbose:
         others.addFilter(_NotBeamFailures())
+        to_file.addFilter(_OursOrWarnings())
     ours.setLevel(logging.INFO)
     ours.addHandler(to_console)
     root.addHandler(to_file)

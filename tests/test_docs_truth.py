@@ -119,10 +119,12 @@ def _literal(node) -> str | None:
 
 
 @functools.cache
-def parser_of(file: Path) -> tuple[dict[str, bool], set[str]] | None:
+def parser_of(file: Path, is_helper: bool = False) -> tuple[dict[str, bool], set[str]] | None:
     """({--flag: takes a value} of every add_argument in `file`, and of the shared flags a
     bench adds through a helper of bench/ (`machine.add_quick(parser, ...)`), the names of its
-    add_parser subcommands), or None where the flags cannot be read from the source."""
+    add_parser subcommands), or None where the flags cannot be read from the source. In a
+    helper (`is_helper`), a flag named at run time (a contender process's hidden flags) is
+    left out instead."""
     tree = ast.parse(file.read_text(encoding="utf-8"))
     flags, subcommands, known = {}, set(), True
     for node in ast.walk(tree):
@@ -133,7 +135,7 @@ def parser_of(file: Path) -> tuple[dict[str, bool], set[str]] | None:
         helper = ROOT / "bench" / f"{getattr(node.func.value, 'id', '')}.py"
         if node.func.attr.startswith("add_") and file.parent == ROOT / "bench" \
                 and helper.is_file() and helper != file:
-            shared = parser_of(helper)
+            shared = parser_of(helper, is_helper=True)
             flags.update(shared[0] if shared else {})
         names = [_literal(a) for a in node.args]
         if node.func.attr == "add_parser":
@@ -144,6 +146,8 @@ def parser_of(file: Path) -> tuple[dict[str, bool], set[str]] | None:
         if node.func.attr != "add_argument":
             continue
         if not names or None in names:
+            if is_helper:
+                continue
             return None  # names computed at run time
         action = next((_literal(k.value) for k in node.keywords if k.arg == "action"), "store")
         value = action not in ("store_true", "store_false", "store_const", "count", "help",
