@@ -16,6 +16,7 @@ from pipeline import artifacts
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not artifacts.BROWN_TARBALL.is_file(), reason="needs `make setup` (Brown)")
 def test_quick_python_side_alternates_fresh_processes_and_reports_medians(tmp_path):
     import bert  # noqa: F401  Google's FullTokenizer (bert-tensorflow, requirements-test.txt)

@@ -211,6 +211,7 @@ def test_under_a_time_budget_the_warm_up_ends_with_a_quarter_of_it(tmp_path, mon
     assert [step for step, _, _ in curve] == [0, record.unfrozen_at, result["step"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed_at", [2, 4])
 def test_a_killed_run_resumes_in_its_phase(tmp_path, monkeypatch, caplog, encoder_only,
                                            killed_at):

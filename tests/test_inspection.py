@@ -22,6 +22,10 @@ from pipeline import cli
 from pipeline.inspection import plots, probes
 from pipeline.text import tokenizer as tokenizer_lib
 
+# The tests read one module fixture, a tiny model trained for 60 epochs and exported
+# (about 50 s): the file is slow as a whole.
+pytestmark = pytest.mark.slow
+
 SENTENCES = [
     "the cat sat on the mat",
     "the dog ran to the park",

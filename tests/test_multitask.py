@@ -161,6 +161,7 @@ def test_stage_logs_per_task_metrics_and_the_single_task_comparison(tmp_path, en
     assert model.get_layer("logits").units == 3  # O, ANI, LOC
 
 
+@pytest.mark.slow
 def test_cli_runs_the_stage_and_reports_a_missing_task_list(tmp_path, capsys):
     from pipeline import cli
 

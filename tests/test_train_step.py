@@ -99,6 +99,7 @@ def test_nsp_weight_scales_the_sentence_loss(tmp_path):
             assert ("nsp_accuracy" in logs) == (weight > 0), overrides
 
 
+@pytest.mark.slow
 def test_steps_per_execution_trains_the_same_updates(tmp_path):
     """train.steps_per_execution = 3 (3 micro-batches per compiled call, here with 2 of them
     accumulated per update): the same 6 updates and weights as one batch per call; the

@@ -108,6 +108,7 @@ def die_after_checkpoint(monkeypatch, when):
     return lambda: monkeypatch.setattr(callbacks.Checkpointer, "save", save)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", ["0", "0.1"])
 def test_resume_after_kill_reproduces_the_loss_curve(tmp_path, monkeypatch, caplog, dropout):
     """6 steps straight vs 3 steps, killed, resumed for 3: the same batches, losses and final
