@@ -45,6 +45,7 @@ import yaml
 from pipeline import cli
 from pipeline.config.keys import declared, sections
 from pipeline.config.sections import Config
+from tests.source_flags import literal, module_file, parser_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -110,59 +111,6 @@ def read_doc(path: Path) -> tuple[list[Snippet], list[tuple[str, str, list[str]]
             snippets.append(Snippet(f"{name}:{first + 1}", " ".join(m.group(2).split()), False))
         paragraph = []
     return snippets, blocks
-
-
-# ---- what the code defines ----
-
-def _literal(node) -> str | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-
-@functools.cache
-def parser_of(file: Path, is_helper: bool = False) -> tuple[dict[str, bool], set[str]] | None:
-    """({--flag: takes a value} of every add_argument in `file`, and of the shared flags a
-    bench adds through a helper of bench/ (`machine.add_quick(parser, ...)`), the names of its
-    add_parser subcommands), or None where the flags cannot be read from the source. In a
-    helper (`is_helper`), a flag named at run time (a contender process's hidden flags) is
-    left out instead."""
-    tree = ast.parse(file.read_text(encoding="utf-8"))
-    flags, subcommands, known = {}, set(), True
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-            continue
-        if node.func.attr == "parse_known_args":
-            return None  # unknown flags are passed on: any flag is accepted
-        helper = ROOT / "bench" / f"{getattr(node.func.value, 'id', '')}.py"
-        if node.func.attr.startswith("add_") and file.parent == ROOT / "bench" \
-                and helper.is_file() and helper != file:
-            shared = parser_of(helper, is_helper=True)
-            flags.update(shared[0] if shared else {})
-        names = [_literal(a) for a in node.args]
-        if node.func.attr == "add_parser":
-            if names and names[0]:
-                subcommands.add(names[0])
-            else:
-                known = False  # a subcommand named at run time: none checked
-        if node.func.attr != "add_argument":
-            continue
-        if not names or None in names:
-            if is_helper:
-                continue
-            return None  # names computed at run time
-        action = next((_literal(k.value) for k in node.keywords if k.arg == "action"), "store")
-        value = action not in ("store_true", "store_false", "store_const", "count", "help",
-                               "version")
-        flags.update({n: value for n in names if n.startswith("-")})
-    return (flags, subcommands if known else set()) if flags or subcommands else None
-
-
-def module_file(dotted: str, main: bool = False) -> Path | None:
-    """The file of a project module (`python -m` needs a package's __main__.py)."""
-    base = ROOT.joinpath(*dotted.split("."))
-    for file in (base.with_suffix(".py"), base / ("__main__.py" if main else "__init__.py")):
-        if file.is_file():
-            return file
-    return None
 
 
 @functools.cache
@@ -263,11 +211,11 @@ def global_flags() -> dict[str, bool]:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "_take_run_root":
             out.update({c.value.rstrip("="): True for c in ast.walk(node)
-                        if _literal(c) and c.value.startswith("--")})
+                        if literal(c) and c.value.startswith("--")})
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "verbose"
                                                 for t in node.targets):
             out.update({c.value: False for c in ast.walk(node)
-                        if _literal(c) and c.value.startswith("-")})
+                        if literal(c) and c.value.startswith("-")})
     assert "--run-root" in out and "-v" in out, "pipeline/cli.py's global flags not found"
     return out
 
@@ -286,7 +234,7 @@ def checkpoint_decides() -> set[str]:
     """The keys model.init_from fills from the checkpoint (pipeline/config/checkpoint.py:
     MODEL_KEYS, and the model./vocab. names its code writes, model.preset among them)."""
     tree = ast.parse((ROOT / "pipeline" / "config" / "checkpoint.py").read_text(encoding="utf-8"))
-    out = {c.value for c in ast.walk(tree) if _literal(c)
+    out = {c.value for c in ast.walk(tree) if literal(c)
            and re.fullmatch(r"(model|vocab)\.\w+", c.value)} - {"model.init_from"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODEL_KEYS":
